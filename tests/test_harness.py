@@ -1,0 +1,215 @@
+"""The harness can fail: leaks are caught, outputs are caught, and `make lab` really serves.
+
+These tests prove the checks in leakcheck.py and test_notebooks.py are not vacuous, and that the
+README's first command starts a JupyterLab rooted at notebooks/.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import nbformat
+import nbutil
+import psutil
+import pytest
+
+TESTS = Path(__file__).resolve().parent
+
+# --- (a) the leak checker fails a leaking test and cleans up after it ------------------------
+
+LEAKY_TESTS = """
+import os
+import subprocess
+
+def test_clean():
+    pass
+
+def test_leaks_a_shm_file():
+    name = f"/dev/shm/shmlab_{os.getpid()}_0_0"
+    os.close(os.open(name, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600))
+    with open("leaked_file", "w") as f:
+        f.write(name)
+
+def test_leaks_a_child_process():
+    child = subprocess.Popen(["sleep", "60"])
+    with open("leaked_pid", "w") as f:
+        f.write(str(child.pid))
+"""
+
+
+@pytest.fixture
+def leaky_run(pytester, monkeypatch):
+    """Run LEAKY_TESTS in a separate pytest with only the leak checker loaded."""
+    pytester.makepyfile(test_leaky=LEAKY_TESTS)
+    monkeypatch.setenv("PYTHONPATH", str(TESTS), prepend=os.pathsep)
+    monkeypatch.setenv("SHMLAB_LEAKCHECK_GRACE", "0.5")  # the leak is real; no need to wait 6 s
+    result = pytester.runpytest_subprocess("-p", "leakcheck", "-p", "no:cacheprovider", "-v")
+    return pytester, result
+
+
+@pytest.mark.timeout(120)
+def test_leakcheck_fails_a_test_that_leaks_and_cleans_up(leaky_run):
+    pytester, result = leaky_run
+    # Both leaking tests pass their own body and then error in the checker's teardown.
+    result.assert_outcomes(passed=3, errors=2)
+    result.stdout.fnmatch_lines(
+        [
+            "*ERROR at teardown of test_leaks_a_shm_file*",
+            "*left these behind*",
+            "*/dev/shm/shmlab_*_0_0*",
+            "*ERROR at teardown of test_leaks_a_child_process*",
+            "*left these behind*",
+            "*process * 'sleep 60'*",
+        ]
+    )
+    result.stdout.no_fnmatch_line("*ERROR at teardown of test_clean*")
+    leaked_file = (pytester.path / "leaked_file").read_text()
+    assert not os.path.exists(leaked_file), "the checker should have unlinked the leaked file"
+    leaked_pid = int((pytester.path / "leaked_pid").read_text())
+    assert not psutil.pid_exists(leaked_pid), "the checker should have killed the leaked child"
+
+
+# --- (b) a notebook carrying outputs is detected ---------------------------------------------
+
+
+def _notebook(with_outputs: bool) -> nbformat.NotebookNode:
+    hidden = nbutil.code_cell(
+        "# claim C0.0\nassert 1 + 1 == 2",
+        jupyter={"source_hidden": True},
+        tags=["hidden-test"],
+    )
+    nb = nbutil.new_notebook(nbutil.code_cell("print('hello')"), hidden)
+    if with_outputs:
+        nb.cells[0].execution_count = 1
+        nb.cells[0].outputs = [nbformat.v4.new_output("stream", name="stdout", text="hello\n")]
+    return nb
+
+
+def test_a_notebook_with_outputs_is_detected(tmp_path):
+    path = tmp_path / "with_outputs.ipynb"
+    nbformat.write(_notebook(with_outputs=True), str(path))
+    nb = nbutil.read_notebook(path)
+    assert nbutil.notebook_has_outputs(nb)
+    assert any("1 output(s)" in p for p in nbutil.output_problems(nb))
+    assert any("execution_count 1" in p for p in nbutil.output_problems(nb))
+    result = nbutil.nbstripout_verify([path])
+    assert result.returncode != 0, "nbstripout --verify should flag a notebook with outputs"
+
+
+def test_a_clean_notebook_with_hidden_test_cells_passes(tmp_path):
+    """Our own metadata (source_hidden, tags, cell ids) is not mistaken for output."""
+    path = tmp_path / "clean.ipynb"
+    nbformat.write(_notebook(with_outputs=False), str(path))
+    nb = nbutil.read_notebook(path)
+    assert not nbutil.notebook_has_outputs(nb)
+    result = nbutil.nbstripout_verify([path])
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_saved_widget_state_counts_as_output(tmp_path):
+    nb = _notebook(with_outputs=False)
+    nb.metadata["widgets"] = {"application/vnd.jupyter.widget-state+json": {"state": {}}}
+    assert nbutil.notebook_has_outputs(nb)
+
+
+# --- (c) `make lab` serves JupyterLab on notebooks/ ------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _get(url: str, timeout: float = 2.0):
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        return r.status, json.loads(r.read() or b"null")
+
+
+def _group_members(pgid: int) -> list[int]:
+    alive = []
+    for proc in psutil.process_iter():
+        try:
+            if os.getpgid(proc.pid) == pgid and proc.status() != psutil.STATUS_ZOMBIE:
+                alive.append(proc.pid)
+        except (ProcessLookupError, psutil.NoSuchProcess):
+            continue
+    return alive
+
+
+def _stop_group(proc: subprocess.Popen) -> None:
+    """SIGTERM the whole process group (make and jupyter), then SIGKILL what is left."""
+    for sig, wait_s in ((signal.SIGTERM, 15), (signal.SIGKILL, 5)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            pass
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            proc.poll()
+            if proc.returncode is not None and not _group_members(proc.pid):
+                return
+            time.sleep(0.2)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_make_lab_serves_jupyterlab_on_notebooks(tmp_path):
+    port, token = _free_port(), secrets.token_hex(16)
+    lab_args = [
+        "--no-browser",
+        f"--port={port}",
+        "--ServerApp.port_retries=0",
+        f"--IdentityProvider.token={token}",
+        "--ServerApp.open_browser=False",
+    ]
+    if os.geteuid() == 0:
+        lab_args.append("--allow-root")
+    env = dict(os.environ)
+    # Keep the learner's own Jupyter config and runtime files out of the test.
+    env.update(
+        JUPYTER_CONFIG_DIR=str(tmp_path / "config"), JUPYTER_RUNTIME_DIR=str(tmp_path / "rt")
+    )
+    log_path = tmp_path / "lab.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            ["make", "--no-print-directory", "lab", "LAB_ARGS=" + " ".join(lab_args)],
+            cwd=nbutil.REPO,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group, so nothing it starts can escape
+        )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 180
+        status = None
+        while time.monotonic() < deadline and status != 200:
+            assert proc.poll() is None, f"`make lab` exited early:\n{log_path.read_text()}"
+            try:
+                status, _ = _get(f"{base}/api/status?token={token}")
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                time.sleep(0.5)
+        assert status == 200, f"/api/status never answered 200:\n{log_path.read_text()}"
+
+        _, listing = _get(f"{base}/api/contents?token={token}&content=1")
+        names = {item["name"] for item in listing["content"]}
+        assert "00_start_here.ipynb" in names, f"the lab is not rooted at notebooks/: {names}"
+        assert "pyproject.toml" not in names
+        # The README promises the URL is printed.
+        assert f":{port}/lab" in log_path.read_text(), log_path.read_text()
+        with pytest.raises(urllib.error.HTTPError) as denied:
+            _get(f"{base}/api/contents?token=wrong")
+        assert denied.value.code == 403
+    finally:
+        _stop_group(proc)
+    assert not _group_members(proc.pid), "`make lab` left processes behind"

@@ -1,0 +1,82 @@
+"""Every notebook runs headless, and every committed notebook carries no outputs."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import nbutil
+import pytest
+
+NOTEBOOKS = nbutil.find_notebooks()
+TRACKED = nbutil.tracked_notebooks()
+START_HERE = nbutil.REPO / "notebooks" / "00_start_here.ipynb"
+_executed: dict[Path, object] = {}  # path -> executed notebook, reused by content checks
+
+
+@pytest.mark.notebook
+@pytest.mark.timeout(nbutil.NOTEBOOK_TIMEOUT)
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=nbutil.rel)
+def test_notebook_runs_headless(path):
+    """Run all cells in a fresh python3 kernel; any exception (a hidden test cell too) fails."""
+    nb = nbutil.execute_notebook(path, timeout=nbutil.CELL_TIMEOUT, save_failed_to=nbutil.ARTIFACTS)
+    _executed[path] = nb
+
+
+@pytest.mark.parametrize("path", TRACKED, ids=nbutil.rel)
+def test_committed_notebook_has_no_outputs(path):
+    problems = nbutil.output_problems(nbutil.read_notebook(path))
+    assert not problems, (
+        f"{nbutil.rel(path)} must be committed without outputs; clear them with "
+        f"`.venv/bin/nbstripout --keep-id {nbutil.rel(path)}`:\n  " + "\n  ".join(problems)
+    )
+
+
+@pytest.mark.skipif(not TRACKED, reason="no notebook is tracked by git yet")
+def test_committed_notebooks_pass_nbstripout_verify():
+    result = nbutil.nbstripout_verify(TRACKED)
+    assert result.returncode == 0, (
+        "nbstripout --verify --keep-id would change these notebooks; run "
+        "`.venv/bin/nbstripout --keep-id <file>` on them:\n" + result.stdout + result.stderr
+    )
+
+
+@pytest.mark.parametrize("path", TRACKED, ids=nbutil.rel)
+def test_committed_notebook_is_valid_nbformat_45(path):
+    import nbformat
+
+    nb = nbutil.read_notebook(path)
+    nbformat.validate(nb)
+    assert (nb.nbformat, nb.nbformat_minor) >= (4, 5), "write nbformat 4.5 (cells carry ids)"
+    assert nb.metadata.get("kernelspec", {}).get("name") == nbutil.KERNEL
+
+
+@pytest.mark.timeout(120)
+def test_kernel_is_this_interpreter(tmp_path):
+    """The python3 kernel the notebooks run in is the venv's own Python, not a system one."""
+    nb = nbutil.new_notebook(nbutil.code_cell("import sys; print(sys.prefix)"))
+    nbutil.execute(nb, cwd=tmp_path)
+    assert nbutil.outputs_text(nb).strip() == sys.prefix
+
+
+@pytest.mark.notebook
+@pytest.mark.timeout(nbutil.NOTEBOOK_TIMEOUT)
+def test_start_here_reports_every_check():
+    nb = _executed.get(START_HERE) or nbutil.execute_notebook(START_HERE)
+    text = nbutil.outputs_text(nb)
+    for label in (
+        "Python:",
+        "torch:",
+        "numpy:",
+        "ipywidgets:",
+        "default start method:",
+        "default sharing strategy:",
+        "ulimit -n:",
+        "/dev/shm:",
+    ):
+        lines = [ln for ln in text.splitlines() if label in ln]
+        assert lines, f"00_start_here printed no {label!r} line:\n{text}"
+        # Every check prints its value on a ✅/⚠️ line, then a one-line explanation.
+        assert lines[0].startswith(("✅", "⚠️")), lines[0]
+    for name in ("01_what_is_torch_multiprocessing", "08_when_the_parent_dies", "lab5_hogwild"):
+        assert name in text, f"the map does not mention {name}"

@@ -1,0 +1,150 @@
+"""pyproject.toml, requirements/constraints.txt and environment.yml agree with each other."""
+
+from __future__ import annotations
+
+import re
+import sys
+
+import pytest
+import yaml
+from nbutil import REPO
+from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
+from packaging.utils import canonicalize_name
+from packaging.version import Version
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    tomllib = pytest.importorskip("tomli")
+
+# conda-forge package name -> the PyPI name of the same thing
+CONDA_TO_PYPI = {"pytorch": "torch", "pytorch-cpu": "torch", "matplotlib-base": "matplotlib"}
+CONDA_ONLY = {"python", "pip"}
+
+
+def pyproject() -> dict:
+    return tomllib.loads((REPO / "pyproject.toml").read_text())
+
+
+def runtime_requirements() -> list[Requirement]:
+    return [Requirement(r) for r in pyproject()["project"]["dependencies"]]
+
+
+def extra_test_requirements() -> list[Requirement]:
+    return [Requirement(r) for r in pyproject()["project"]["optional-dependencies"]["test"]]
+
+
+def constraints() -> dict[str, Version]:
+    pins = {}
+    for line in (REPO / "requirements" / "constraints.txt").read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        name, sep, version = line.partition("==")
+        assert sep, f"constraints.txt: {line!r} is not an exact `name==version` pin"
+        pins[canonicalize_name(name)] = Version(version.strip())
+    return pins
+
+
+def environment() -> dict:
+    return yaml.safe_load((REPO / "environment.yml").read_text())
+
+
+def conda_specs() -> dict[str, str]:
+    """environment.yml's conda dependencies: PyPI-style name -> conda version spec ('' if none)."""
+    specs = {}
+    for dep in environment()["dependencies"]:
+        if isinstance(dep, dict):
+            continue
+        name, version = re.match(r"([A-Za-z0-9_.\-]+)\s*(.*)", dep.strip()).groups()
+        name = CONDA_TO_PYPI.get(name, name)
+        specs[canonicalize_name(name)] = version.lstrip("=").split("=")[0]  # drop a build string
+    return specs
+
+
+def pip_section() -> list[str]:
+    sections = [d["pip"] for d in environment()["dependencies"] if isinstance(d, dict)]
+    assert len(sections) == 1, "environment.yml should have exactly one `pip:` section"
+    return sections[0]
+
+
+def test_environment_yml_names_every_runtime_dependency():
+    specs = conda_specs()
+    missing = [str(r) for r in runtime_requirements() if canonicalize_name(r.name) not in specs]
+    assert not missing, f"environment.yml lacks runtime dependencies of pyproject.toml: {missing}"
+    assert "torch" not in {d for d in environment()["dependencies"] if isinstance(d, str)}, (
+        "conda-forge's package is `pytorch`, not `torch`"
+    )
+
+
+def test_environment_yml_names_nothing_pyproject_does_not():
+    runtime = {canonicalize_name(r.name) for r in runtime_requirements()}
+    extra = sorted(set(conda_specs()) - runtime - CONDA_ONLY)
+    assert not extra, f"environment.yml installs packages pyproject.toml does not declare: {extra}"
+
+
+def test_environment_yml_installs_shmlab_itself_from_conda_forge():
+    assert "pip" in conda_specs(), "list `pip` before the pip section, or conda warns and may skip"
+    assert pip_section() == ["-e ."], "the pip section should install only shmlab itself (`-e .`)"
+    assert environment()["channels"][0] == "conda-forge"
+
+
+def test_environment_yml_pins_match_the_tested_versions():
+    """`name=X.Y.*` in environment.yml agrees with the exact pin in constraints.txt."""
+    pins = constraints()
+    for name, spec in conda_specs().items():
+        if name in CONDA_ONLY or not spec:
+            continue
+        prefix = spec.rstrip("*").rstrip(".")
+        assert str(pins[name]).startswith(prefix + ".") or str(pins[name]) == prefix, (
+            f"environment.yml pins {name}={spec}, but the suite ran with {name}=={pins[name]}"
+        )
+
+
+def test_environment_yml_python_is_allowed_by_pyproject():
+    python = conda_specs()["python"].rstrip("*").rstrip(".")
+    requires = SpecifierSet(pyproject()["project"]["requires-python"])
+    assert Version(python) in requires, f"python={python} vs requires-python {requires}"
+
+
+@pytest.mark.parametrize("which", ["runtime", "test"])
+def test_constraints_pin_every_dependency_within_its_range(which):
+    pins = constraints()
+    reqs = runtime_requirements() if which == "runtime" else extra_test_requirements()
+    for req in reqs:
+        name = canonicalize_name(req.name)
+        assert name in pins, f"constraints.txt does not pin {req.name}"
+        # The CPU wheel's local label (`2.13.0+cpu`) is not part of the pin.
+        assert req.specifier.contains(pins[name], prereleases=True), (
+            f"constraints.txt pins {req.name}=={pins[name]}, outside pyproject's {req}"
+        )
+
+
+def test_constraints_agree_with_what_is_installed():
+    """The venv the suite runs in holds exactly the pinned versions (the lock is honest)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    wrong = []
+    for name, pinned in constraints().items():
+        try:
+            installed = Version(version(name))
+        except PackageNotFoundError:
+            continue  # platform-specific pins (e.g. greenlet) need not be installed
+        if Version(installed.public) != pinned:
+            wrong.append(f"{name}: pinned {pinned}, installed {installed}")
+    assert not wrong, "re-run `make setup` or update constraints.txt:\n" + "\n".join(wrong)
+
+
+def test_pyproject_is_consistent():
+    project = pyproject()["project"]
+    assert project["name"] == "shmlab"
+    assert (REPO / project["readme"]).is_file(), "pyproject's readme file is missing"
+    assert Version("3.10") in SpecifierSet(project["requires-python"])
+    import shmlab
+
+    assert shmlab.__version__ == project["version"], "shmlab.__version__ != pyproject version"
+    markers = {m.split(":")[0] for m in pyproject()["tool"]["pytest"]["ini_options"]["markers"]}
+    assert {"notebook", "slow", "cuda", "browser"} <= markers
+    names = [canonicalize_name(r.name) for r in runtime_requirements()]
+    assert len(names) == len(set(names)), "a runtime dependency is listed twice"
