@@ -6,3 +6,8 @@ introspection, live widgets, notebooks and labs around it.
 """
 
 __version__ = "0.1.0"
+
+from .storage import UntypedStorage
+from .tensor import Tensor, empty, from_numpy, tensor, zeros
+
+__all__ = ["Tensor", "UntypedStorage", "empty", "from_numpy", "tensor", "zeros"]

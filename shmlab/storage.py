@@ -1,0 +1,178 @@
+"""Bytes in private or shared memory: the storage under every shmlab.Tensor.
+
+Mirrors: torch.UntypedStorage and torch/csrc/StorageSharing.cpp (shareFd, newSharedFd,
+shareFilename, newSharedFilename, sharedIncref, sharedDecref).
+
+A storage starts private (ordinary process memory). ``share_memory_()`` moves its bytes into
+a shared segment *in place*: the storage object stays the same, every tensor over it now
+reads and writes shared memory, and the private copy is dropped. That swap is what makes
+``ForkingPickler.dumps(t)`` flip ``t.is_shared()`` from False to True as a side effect.
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+
+import numpy as np
+
+from . import _shm
+
+_FD, _FILENAME = "file_descriptor", "file_system"
+
+
+def _release(kind: str, fd: int, name: str | None, manager: bytes | None, pid: int) -> None:
+    """Free what a shared storage holds; runs once, when the storage is collected.
+
+    Note [Who releases after fork]
+    A fork child inherits this finalizer with the storage. Closing the child's copy of an fd
+    is right (fd tables are per process). Decrementing a file_system refcount is not: the
+    child never counted itself in, so only the process that did (``pid``) may count itself
+    out.
+    """
+    if kind == _FD and fd >= 0:
+        os.close(fd)  # the storage owned this fd; the mapping itself goes with its last view
+    elif kind == _FILENAME and os.getpid() == pid:
+        _shm.decref(name)  # the last holder unlinks the name
+        from ._manager_client import get_client
+
+        try:
+            get_client(manager).free(name.lstrip("/"))  # tell the manager it may forget it
+        except (OSError, RuntimeError):
+            pass  # manager gone: nothing to tell; the segment itself is already released
+
+
+class UntypedStorage:
+    """A flat run of bytes, private or in shared memory (file_descriptor or file_system)."""
+
+    def __init__(self, nbytes: int = 0):
+        if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes < 0:
+            raise TypeError(f"UntypedStorage(nbytes): nbytes must be an int >= 0, got {nbytes!r}")
+        self._data = np.zeros(nbytes, dtype=np.uint8)  # private bytes until shared
+        self._kind: str | None = None  # None | "file_descriptor" | "file_system"
+        self._fd = -1  # file_descriptor: the fd this storage owns
+        self._name: str | None = None  # file_system: "/shmlab_<pid>_<rand>_<n>"
+        self._manager: bytes | None = None  # file_system: the manager's socket path
+        self._finalizer: weakref.finalize | None = None
+
+    @classmethod
+    def _wrap(cls, data: np.ndarray) -> UntypedStorage:
+        """A storage over existing uint8 bytes (no copy): how from_numpy shares memory."""
+        self = cls.__new__(cls)
+        cls.__init__(self, 0)
+        self._data = data
+        return self
+
+    # --- what a learner inspects --------------------------------------------------------
+    def nbytes(self) -> int:
+        return int(self._data.size)
+
+    size = nbytes  # torch.UntypedStorage.size() is the byte count too
+
+    def is_shared(self) -> bool:
+        return self._kind is not None
+
+    def data_ptr(self) -> int:
+        return int(self._data.ctypes.data) if self._data.size else 0
+
+    def __len__(self) -> int:
+        return self.nbytes()
+
+    def __repr__(self) -> str:
+        where = {None: "private", _FD: f"shared fd={self._fd}", _FILENAME: f"shared {self._name}"}
+        return f"shmlab.UntypedStorage({self.nbytes()} bytes, {where[self._kind]})"
+
+    # --- moving into shared memory ------------------------------------------------------
+    def share_memory_(self) -> UntypedStorage:
+        """Move the bytes to shared memory with the current strategy; no-op if shared."""
+        from .multiprocessing import get_sharing_strategy
+
+        if not self.is_shared():
+            if get_sharing_strategy() == _FILENAME:
+                self._share_filename_cpu_()
+            else:
+                self._share_fd_cpu_()
+        return self
+
+    def _adopt(self, data, kind, fd=-1, name=None, manager=None) -> None:
+        """Swap our bytes for shared ones (same object, new memory); free the old share."""
+        old = self._finalizer
+        self._data, self._kind, self._fd, self._name, self._manager = data, kind, fd, name, manager
+        self._finalizer = weakref.finalize(self, _release, kind, fd, name, manager, os.getpid())
+        if old is not None:
+            old()  # e.g. an fd-shared storage re-shared by name drops its fd now
+
+    def _share_fd_cpu_(self) -> tuple[int, int]:
+        """file_descriptor: move into an unlinked segment; return (fd, nbytes). We keep the fd."""
+        if self._kind != _FD:
+            n = self.nbytes()
+            if n == 0:  # nothing to map: torch returns fd -1 as well
+                self._adopt(self._data, _FD)
+            else:
+                fd, mapping = _shm.create_unlinked(n, memoryview(self._data))
+                self._adopt(np.frombuffer(mapping.buffer(), np.uint8), _FD, fd=fd)
+        return self._fd, self.nbytes()
+
+    @classmethod
+    def _new_shared_fd_cpu(cls, fd: int, size: int) -> UntypedStorage:
+        """Receiver: a storage over a received fd. We dup it and own the dup; fd stays yours."""
+        if not isinstance(fd, int) or fd < 0:
+            raise ValueError(f"_new_shared_fd_cpu needs an open fd, got {fd!r}")
+        own, mapping = _shm.map_fd(fd, size)
+        self = cls._wrap(np.frombuffer(mapping.buffer(), np.uint8))
+        self._adopt(self._data, _FD, fd=own)
+        return self
+
+    def _share_filename_cpu_(self) -> tuple[bytes, bytes, int]:
+        """file_system: move into a named, refcounted segment; return (manager, name, nbytes)."""
+        from ._manager_client import get_client
+
+        if self._kind != _FILENAME:
+            client = get_client()  # starts the manager daemon on first use
+            name = _shm.new_name()
+            client.register(name.lstrip("/"))  # registered before it exists, as torch does
+            try:
+                mapping = _shm.create_refcounted(name, self.nbytes(), memoryview(self._data))
+            except BaseException:
+                client.free(name.lstrip("/"))
+                raise
+            data = np.frombuffer(mapping.buffer(_shm.HEADER_SIZE), np.uint8)
+            self._adopt(data, _FILENAME, name=name, manager=client.handle)
+        return self._manager, self._name.encode(), self.nbytes()
+
+    @classmethod
+    def _new_shared_filename_cpu(cls, manager: bytes, name: bytes, size: int) -> UntypedStorage:
+        """Receiver: attach to a named segment (+1 on its refcount) and tell its manager."""
+        from ._manager_client import get_client
+
+        name_s = name.decode() if isinstance(name, bytes) else str(name)
+        client = get_client(manager)
+        client.register(name_s.lstrip("/"))
+        try:
+            mapping = _shm.attach_refcounted(name_s, size)
+        except BaseException:
+            client.free(name_s.lstrip("/"))
+            raise
+        self = cls._wrap(np.frombuffer(mapping.buffer(_shm.HEADER_SIZE), np.uint8))
+        self._adopt(self._data, _FILENAME, name=name_s, manager=client.handle)
+        return self
+
+    def _shared_incref(self) -> UntypedStorage:
+        """file_system: count one more holder (the sender does this for a message in flight)."""
+        if self._kind == _FILENAME:
+            _shm.incref(self._name)
+        return self
+
+    def _shared_decref(self) -> UntypedStorage:
+        """file_system: count one holder fewer (the receiver releases the in-flight count)."""
+        if self._kind == _FILENAME:
+            _shm.decref(self._name)
+        return self
+
+    # --- plain pickle (torch.save-like): copies the bytes ---------------------------------
+    def __reduce__(self):
+        return (_storage_from_bytes, (self._data.tobytes(),))
+
+
+def _storage_from_bytes(raw: bytes) -> UntypedStorage:
+    return UntypedStorage._wrap(np.frombuffer(bytearray(raw), np.uint8))

@@ -1,0 +1,216 @@
+"""A tensor is a view: (storage, offset, shape, strides, dtype) over an UntypedStorage.
+
+Mirrors: torch.Tensor's metadata (storage_offset, size, stride, dtype) and torch.from_numpy.
+
+shmlab has no kernels of its own: ``t.numpy()`` is a zero-copy numpy view over the storage's
+current bytes, and numpy does the arithmetic. Because the view is rebuilt from the storage on
+every call, a tensor keeps pointing at the right memory after its storage moves to shared
+memory.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .storage import UntypedStorage
+
+# The dtypes torch.from_numpy accepts (plus bool), as numpy dtypes.
+_SUPPORTED = {np.dtype(t) for t in (
+    np.float64, np.float32, np.float16, np.complex64, np.complex128,
+    np.int64, np.int32, np.int16, np.int8, np.uint8, np.bool_,
+)}
+
+
+def _check_dtype(dtype) -> np.dtype:
+    dt = np.dtype(dtype)
+    if dt not in _SUPPORTED:
+        names = ", ".join(sorted(d.name for d in _SUPPORTED))
+        raise TypeError(
+            f"can't put numpy dtype {dt.name!r} in a shmlab tensor: only fixed-size numbers "
+            f"can live in shared memory ({names}). Object arrays hold pointers into one "
+            "process's heap; convert first, e.g. arr.astype(np.float64)."
+        )
+    return dt
+
+
+class Tensor:
+    """Metadata over a storage. Slicing returns views that share the storage."""
+
+    def __init__(self, storage: UntypedStorage, offset: int, shape, strides, dtype):
+        self._storage = storage
+        self._offset = int(offset)  # in elements, like torch's storage_offset()
+        self._shape = tuple(int(s) for s in shape)
+        self._strides = tuple(int(s) for s in strides)  # in elements, like torch's stride()
+        self._dtype = _check_dtype(dtype)
+
+    # --- metadata, named as torch names it ------------------------------------------------
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self._shape
+
+    def size(self, dim: int | None = None):
+        return self._shape if dim is None else self._shape[dim]
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self._dtype
+
+    def stride(self, dim: int | None = None):
+        return self._strides if dim is None else self._strides[dim]
+
+    def storage_offset(self) -> int:
+        return self._offset
+
+    def element_size(self) -> int:
+        return self._dtype.itemsize
+
+    def numel(self) -> int:
+        return int(np.prod(self._shape, dtype=np.int64))
+
+    @property
+    def ndim(self) -> int:
+        return len(self._shape)
+
+    def dim(self) -> int:
+        return len(self._shape)
+
+    def untyped_storage(self) -> UntypedStorage:
+        return self._storage
+
+    def data_ptr(self) -> int:
+        return self._storage.data_ptr() + self._offset * self.element_size()
+
+    # --- sharing ------------------------------------------------------------------------
+    def share_memory_(self) -> Tensor:
+        """Move the storage to shared memory in place (every view follows); returns self."""
+        self._storage.share_memory_()
+        return self
+
+    def is_shared(self) -> bool:
+        return self._storage.is_shared()
+
+    # --- data -----------------------------------------------------------------------------
+    def numpy(self) -> np.ndarray:
+        """A zero-copy numpy view: writes through it are writes to the storage."""
+        size = self._dtype.itemsize
+        return np.ndarray(self._shape, self._dtype, buffer=self._storage._data,
+                          offset=self._offset * size,
+                          strides=tuple(s * size for s in self._strides))
+
+    def __array__(self, dtype=None, copy=None):
+        arr = self.numpy()
+        return arr if dtype is None else arr.astype(dtype)
+
+    def __getitem__(self, index) -> Tensor:
+        base = self.numpy()
+        if not isinstance(index, tuple):
+            index = (index,)
+        if Ellipsis not in index:
+            index = index + (Ellipsis,)  # keeps a full integer index a 0-d view, as torch does
+        view = base[index]
+        if not np.shares_memory(view, self._storage._data) and view.size:
+            # Advanced (fancy) indexing copies, in torch as in numpy: a new private storage.
+            return from_numpy(np.ascontiguousarray(view))
+        return _view_of(self._storage, view)
+
+    def __setitem__(self, index, value) -> None:
+        self.numpy()[index] = np.asarray(value)
+
+    def __len__(self) -> int:
+        if not self._shape:
+            raise TypeError("len() of a 0-d tensor")
+        return self._shape[0]
+
+    def item(self):
+        return self.numpy().item()
+
+    def tolist(self):
+        return self.numpy().tolist()
+
+    def clone(self) -> Tensor:
+        return from_numpy(np.array(self.numpy(), copy=True))
+
+    def fill_(self, value) -> Tensor:
+        self.numpy().fill(value)
+        return self
+
+    def __repr__(self) -> str:
+        shared = ", shared" if self.is_shared() else ""
+        return f"shmlab.tensor({self.numpy()!r}{shared})"
+
+    def __reduce__(self):
+        # Plain pickle (not ForkingPickler) copies, like torch.save: only multiprocessing's
+        # pickler has the sharing reducers registered.
+        return (_rebuild_plain, (self.numpy().copy(),))
+
+
+def _rebuild_plain(arr: np.ndarray) -> Tensor:
+    return from_numpy(arr)
+
+
+def _view_of(storage: UntypedStorage, view: np.ndarray) -> Tensor:
+    """Describe a numpy view over ``storage`` as (offset, shape, strides) in elements."""
+    size = view.dtype.itemsize
+    start = view.__array_interface__["data"][0] - storage.data_ptr() if storage.nbytes() else 0
+    return Tensor(storage, start // size, view.shape, [s // size for s in view.strides], view.dtype)
+
+
+def from_numpy(arr: np.ndarray) -> Tensor:
+    """A tensor over the ndarray's own memory (no copy), like torch.from_numpy."""
+    if not isinstance(arr, np.ndarray):
+        raise TypeError(f"from_numpy expects a numpy.ndarray, got {type(arr).__name__}")
+    dtype = _check_dtype(arr.dtype)
+    size = dtype.itemsize
+    if any(s < 0 for s in arr.strides):
+        raise ValueError(
+            "at least one stride of the numpy array is negative, which shmlab (like torch) "
+            "does not support; pass arr.copy() instead"
+        )
+    if any(s % size for s in arr.strides):
+        raise ValueError("the array's strides are not multiples of its element size; copy it")
+    # The storage spans every byte the array can reach: [first element, last element].
+    reach = sum((n - 1) * s for n, s in zip(arr.shape, arr.strides, strict=True))
+    span = size + reach if arr.size else 0
+    lo = arr.__array_interface__["data"][0]
+    raw = np.asarray(_Span(arr, lo, span)) if span else np.zeros(0, np.uint8)
+    storage = UntypedStorage._wrap(raw)
+    return Tensor(storage, 0, arr.shape, [s // size for s in arr.strides], dtype)
+
+
+class _Span:
+    """Exposes [lo, lo+span) of an array's memory as bytes, keeping the array alive."""
+
+    def __init__(self, arr: np.ndarray, lo: int, span: int):
+        self._arr = arr
+        self.__array_interface__ = {"shape": (span,), "typestr": "|u1", "data": (lo, False),
+                                    "version": 3}
+
+
+def tensor(data, dtype=None) -> Tensor:
+    """A new tensor with its own private storage, copying ``data`` (like torch.tensor)."""
+    arr = np.array(data, dtype=dtype, copy=True, order="C")
+    if arr.dtype == np.dtype(object):
+        _check_dtype(arr.dtype)
+    if dtype is None and arr.dtype == np.float64 and not isinstance(data, np.ndarray):
+        arr = arr.astype(np.float32)  # torch's default float dtype
+    return from_numpy(arr)
+
+
+def empty(*shape, dtype=np.float32) -> Tensor:
+    shape = shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
+    dt = _check_dtype(dtype)
+    n = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+    storage = UntypedStorage(n)
+    return Tensor(storage, 0, shape, _contiguous_strides(shape), dt)
+
+
+def zeros(*shape, dtype=np.float32) -> Tensor:
+    return empty(*shape, dtype=dtype)  # a new storage is zero-filled (np.zeros, lazily)
+
+
+def _contiguous_strides(shape) -> list[int]:
+    strides, acc = [], 1
+    for n in reversed(shape):
+        strides.append(acc)
+        acc *= max(int(n), 1)
+    return strides[::-1]

@@ -1,0 +1,123 @@
+"""Worker functions that run in child processes, for notebooks, labs and tests.
+
+They live in the package because a ``spawn`` or ``forkserver`` child re-imports the function
+by name: a function defined in a notebook cell lives in ``__main__`` and cannot be found there.
+Each worker takes ``lib`` ("torch" or "shmlab") so one scenario runs on both side by side;
+only ``.numpy()`` is used on tensors, which both give as a zero-copy view.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import resource
+
+
+def load(lib: str):
+    """(tensor library, its multiprocessing module) for "torch" or "shmlab"."""
+    if lib == "torch":
+        import torch
+        import torch.multiprocessing as mp
+
+        torch.set_num_threads(1)  # children on a 2-core machine: no thread oversubscription
+        return torch, mp
+    if lib == "shmlab":
+        import shmlab
+        import shmlab.multiprocessing as mp
+
+        return shmlab, mp
+    raise ValueError(f"lib must be 'torch' or 'shmlab', got {lib!r}")
+
+
+def new_tensor(lib: str, values):
+    """A private (not yet shared) float32 tensor of ``values`` in either library."""
+    import numpy as np
+
+    arr = np.asarray(values, dtype=np.float32)
+    tlib, _ = load(lib)
+    return tlib.from_numpy(arr.copy())
+
+
+def fd_count() -> int:
+    """Open fds of this process (what `ls /proc/self/fd | wc -l` shows)."""
+    return len(os.listdir("/proc/self/fd"))
+
+
+def shm_fd_count() -> int:
+    """Open fds of this process that point at shared memory (/dev/shm/...)."""
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            count += os.readlink(f"/proc/self/fd/{fd}").startswith("/dev/shm/")
+        except OSError:  # the fd listing itself, closed meanwhile
+            pass
+    return count
+
+
+def write_then_watch(arg_t, inq, conn, done, go, results, value: float = 1.0):
+    """One child, three channels: a tensor as a Process argument, one from a Queue, one
+    from a Pipe. Write ``value`` at [0] of each, signal ``done``, wait for ``go``, then
+    report [1] of each (which the parent wrote meanwhile).
+    """
+    tensors = {"args": arg_t, "queue": inq.get(timeout=30), "pipe": conn.recv()}
+    for t in tensors.values():
+        t.numpy().reshape(-1)[0] = value
+    done.set()
+    go.wait(30)
+    results.put({k: float(t.numpy().reshape(-1)[1]) for k, t in tensors.items()})
+    conn.close()
+
+
+def pool_write(t, value: float = 1.0) -> float:
+    """Pool task: write ``value`` at [0] of a tensor that came through the pool's task queue."""
+    t.numpy().reshape(-1)[0] = value
+    return float(t.numpy().reshape(-1)[1])
+
+
+def describe_views(inq, results):
+    """Report how tensors arrived: offsets, shapes, strides, and which share a storage."""
+    items = inq.get(timeout=30)
+    ptrs = [t.untyped_storage().data_ptr() for t in items]
+    results.put([
+        {
+            "offset": t.storage_offset(),
+            "shape": tuple(t.shape),
+            "stride": tuple(t.stride()),
+            "storage_nbytes": t.untyped_storage().nbytes(),
+            "same_storage_as_first": ptrs[i] == ptrs[0],
+            "values": t.numpy().tolist(),
+        }
+        for i, t in enumerate(items)
+    ])
+
+
+def hold_and_count(lib: str, inq, results, n: int):
+    """Receive ``n`` tensors and keep them; report fd counts before, holding, after release."""
+    load(lib)
+    gc.collect()
+    before = fd_count()
+    held = [inq.get(timeout=60) for _ in range(n)]
+    holding = fd_count()
+    del held
+    gc.collect()
+    results.put({"before": before, "holding": holding, "after": fd_count()})
+
+
+def receive_until_failure(lib: str, nofile: int, inq, results, n: int):
+    """Lower RLIMIT_NOFILE to ``nofile``, then receive ``n`` tensors holding each one.
+
+    Reports how many arrived and the error (type and message) that stopped it, if any.
+    """
+    load(lib)
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, hard))
+    held, error = [], None
+    try:
+        for _ in range(n):
+            held.append(inq.get(timeout=30))
+    except Exception as exc:  # noqa: BLE001 - the point is to report whatever stopped us
+        error = (type(exc).__name__, str(exc))
+    count = len(held)
+    del held
+    gc.collect()
+    results.put({"received": count, "error": error, "fds_after_release": fd_count()})
