@@ -1,0 +1,305 @@
+"""shmlab.introspect against real torch, real processes, real sockets and real /dev/shm files.
+
+Children are forked (torch is already imported here, so they start in milliseconds) and their
+workers are module-level functions. This process never makes a file_system tensor itself: a
+process that does stays a client of torch_shm_manager until it exits, which would keep the
+daemon alive for the whole session. Files we name ourselves go into a private folder on the
+/dev/shm tmpfs, so leak checkers of other test runs going on at the same time never see them.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import resource
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import psutil
+import pytest
+import torch
+import torch.multiprocessing as tmp
+
+from shmlab import introspect
+
+FORK = tmp.get_context("fork")
+N_TENSORS = 20
+
+
+@pytest.fixture
+def shm_folder():
+    folder = tempfile.mkdtemp(prefix="introspect-test-", dir=introspect.SHM_DIR)
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def wait_for(predicate, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise AssertionError(f"gave up after {timeout} s waiting for {predicate}")
+
+
+def stop(*procs):
+    for proc in procs:
+        if proc.is_alive():
+            proc.kill()
+        proc.join(10)
+
+
+# -- workers (run in forked children) ---------------------------------------------------------
+
+
+def receive_and_hold(queue, ready, got, release):
+    ready.set()
+    held = [queue.get(timeout=20) for _ in range(N_TENSORS)]
+    got.set()
+    release.wait(30)
+    del held
+
+
+def fs_producer(queue, pids, go, release):
+    tmp.set_sharing_strategy("file_system")  # this child only; it starts its own manager
+    tensor = torch.zeros(1000)  # 4,000 bytes
+    tensor.share_memory_()
+    pids.put(os.getpid())
+    go.wait(30)
+    queue.put(tensor)
+    release.wait(30)
+    del tensor
+    gc.collect()
+
+
+def fs_consumer(queue, got, release, freed):
+    tensor = queue.get(timeout=20)
+    got.set()
+    release.wait(30)
+    del tensor
+    gc.collect()  # detach now (refcount -1), not at exit, where destructors may not run
+    freed.set()
+
+
+def create_segment_and_sleep(folder, ready):
+    with open(f"{folder}/shmlab_{os.getpid()}_{1234567}_0", "wb") as f:
+        f.write((1).to_bytes(4, "little") + bytes(60 + 400))  # refcount 1 | pad | 400 data
+    ready.set()
+    time.sleep(60)
+
+
+# -- fds ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(20)
+def test_open_fds_classifies_each_kind(shm_folder, tmp_path):
+    before = introspect.fd_counts()
+    r, w = os.pipe()
+    pair = socket.socketpair()
+    a, b = (end.fileno() for end in pair)
+    regular = os.open(tmp_path / "plain.txt", os.O_CREAT | os.O_RDWR)
+    folder = os.open(tmp_path, os.O_RDONLY)
+    named = os.open(f"{shm_folder}/shmlab_1_2_3", os.O_CREAT | os.O_RDWR, 0o600)
+    deleted = os.open(f"{shm_folder}/shmlab_1_2_4", os.O_CREAT | os.O_RDWR, 0o600)
+    os.unlink(f"{shm_folder}/shmlab_1_2_4")
+    try:
+        kinds = {info.fd: info.kind for info in introspect.open_fds()}
+        after = introspect.fd_counts()
+    finally:
+        for fd in (r, w, regular, folder, named, deleted):
+            os.close(fd)
+        for end in pair:
+            end.close()
+    assert [kinds[fd] for fd in (r, w, a, b)] == ["pipe"] * 2 + ["socket"] * 2
+    assert kinds[regular] == "file" and kinds[folder] == "other"
+    assert (kinds[named], kinds[deleted]) == ("shm-named", "shm-deleted")
+    expected = {"pipe": 2, "socket": 2, "file": 1, "other": 1, "shm-named": 1, "shm-deleted": 1}
+    assert {k: after[k] - before[k] for k in expected} == expected
+    assert after["total"] - before["total"] == 8
+
+
+@pytest.mark.timeout(20)
+def test_gone_process_raises_and_snapshot_skips_it():
+    child = subprocess.Popen(["true"])
+    child.wait()
+    with pytest.raises(psutil.NoSuchProcess):
+        introspect.open_fds(child.pid)
+    assert list(introspect.snapshot(pids=[os.getpid(), child.pid]).fds) == [os.getpid()]
+
+
+@pytest.mark.timeout(20)
+def test_process_family_lists_descendants():
+    shell = subprocess.Popen(["sh", "-c", "sleep 30 & wait"])
+    try:
+        sleeper = wait_for(lambda: psutil.Process(shell.pid).children())[0].pid
+        assert introspect.process_family(shell.pid) == [shell.pid, sleeper]
+        family = introspect.process_family()
+        assert family[0] == os.getpid() and {shell.pid, sleeper} <= set(family)
+    finally:
+        for proc in psutil.Process(shell.pid).children():
+            proc.kill()  # the shell's `wait` returns and the shell exits by itself
+        shell.wait(10)
+
+
+@pytest.mark.timeout(40)
+def test_fd_strategy_receiver_holds_one_deleted_shm_fd_per_tensor():
+    assert tmp.get_sharing_strategy() == "file_descriptor"
+    queue, ready, got, release = FORK.Queue(), FORK.Event(), FORK.Event(), FORK.Event()
+    child = FORK.Process(target=receive_and_hold, args=(queue, ready, got, release))
+    child.start()
+    try:
+        assert ready.wait(20)
+        before = introspect.fd_counts(child.pid)
+        tensors = [torch.full((256,), float(i)) for i in range(N_TENSORS)]
+        for tensor in tensors:
+            queue.put(tensor)
+        assert got.wait(20)
+        after = introspect.fd_counts(child.pid)
+        links = [i.target for i in introspect.open_fds(child.pid) if i.kind == "shm-deleted"]
+        family_fds = introspect.snapshot().fds
+        release.set()
+        child.join(20)
+    finally:
+        stop(child)
+        queue.close()
+        queue.join_thread()
+    assert after["shm-deleted"] - before["shm-deleted"] == N_TENSORS
+    assert after["total"] - before["total"] == N_TENSORS
+    assert all(t.startswith(f"/dev/shm/torch_{os.getpid()}_") for t in links[-N_TENSORS:])
+    assert all(t.endswith(" (deleted)") for t in links)
+    assert family_fds[child.pid] == after  # snapshot() watches the whole family
+    assert family_fds[os.getpid()]["shm-deleted"] >= N_TENSORS  # the sender keeps its fds too
+
+
+@pytest.mark.timeout(40)
+def test_file_system_segment_refcount_and_torch_shm_manager():
+    queue, pids = FORK.Queue(), FORK.Queue()
+    go, got, release, freed, done = (FORK.Event() for _ in range(5))
+    producer = FORK.Process(target=fs_producer, args=(queue, pids, go, done))
+    consumer = FORK.Process(target=fs_consumer, args=(queue, got, release, freed))
+    producer.start()
+    try:
+        creator = pids.get(timeout=20)
+        mine = lambda: [s for s in introspect.shm_segments() if s.creator_pid == creator]
+        first = wait_for(mine)[0]
+        go.set()
+        consumer.start()
+        assert got.wait(20)
+        held = mine()[0]
+        running = [m for m in introspect.managers() if m.ppid == creator]
+        release.set()
+        assert freed.wait(20)
+        after_consumer = mine()[0]
+        done.set()
+        producer.join(20)
+        consumer.join(20)
+        assert mine() == []  # the last closer unlinked it
+    finally:
+        stop(producer, consumer)
+    assert first.name.startswith(f"torch_{creator}_") and first.owner == "torch"
+    assert first.size == 4000 + 64 and first.refcount == 1
+    assert first.creator_alive and not first.leaked and first.age_s >= 0
+    assert (held.refcount, after_consumer.refcount) == (2, 1)
+    assert tmp.get_sharing_strategy() == "file_descriptor"  # only the child switched
+    [manager] = running
+    assert manager.kind == "torch" and manager.sid == manager.pid != os.getsid(0)
+    assert "torch-shm-dir-" in manager.socket_path and manager.socket_path.endswith(".sock")
+    assert introspect.events(manager) == []  # torch's daemon keeps no event log
+
+
+@pytest.mark.timeout(20)
+def test_killed_creator_leaves_a_leaked_segment(shm_folder):
+    with open(f"{shm_folder}/psm_0badf00d", "wb") as f:
+        f.write(bytes(128))
+    ready = FORK.Event()
+    child = FORK.Process(target=create_segment_and_sleep, args=(shm_folder, ready))
+    child.start()
+    try:
+        assert ready.wait(20)
+        alive = {s.owner: s for s in introspect.shm_segments(shm_folder)}
+        os.kill(child.pid, signal.SIGKILL)
+        # Not reaped yet: the child is a zombie, which already counts as dead.
+        zombie = wait_for(lambda: introspect.shm_segments(shm_folder)[1].leaked)
+        child.join(10)
+        reaped = {s.owner: s for s in introspect.shm_segments(shm_folder)}["shmlab"]
+    finally:
+        stop(child)
+    seg, stdlib = alive["shmlab"], alive["stdlib"]
+    assert seg.name == f"shmlab_{child.pid}_1234567_0" and seg.creator_pid == child.pid
+    assert (seg.size, seg.refcount, seg.creator_alive, seg.leaked) == (464, 1, True, False)
+    assert zombie and (reaped.leaked, reaped.creator_alive, reaped.refcount) == (True, False, 1)
+    assert (stdlib.creator_pid, stdlib.leaked, stdlib.refcount) == (None, None, None)
+
+
+# -- managers, limits ---------------------------------------------------------------------------
+
+STAND_IN = r"""
+import json, os, socket, sys, tempfile, time
+folder = tempfile.mkdtemp(prefix="shmlab-shm-dir-")
+server = socket.socket(socket.AF_UNIX)
+server.bind(os.path.join(folder, "manager.sock"))
+server.listen(1)
+with open(os.path.join(folder, "events.jsonl"), "w") as log:
+    log.write(json.dumps({"t": time.time(), "event": "started", "pid": os.getpid()}) + "\n")
+    log.write('{"t": 1, "event": "joi')  # a line still being written
+    log.flush()
+    print(os.path.join(folder, "manager.sock"), flush=True)
+    sys.stdin.read()
+"""
+
+
+@pytest.mark.timeout(20)
+def test_shmlab_manager_found_with_its_socket_and_event_log(tmp_path):
+    # A stand-in: a real process, socket and log laid out as docs/INTERFACES.md specifies,
+    # so this test does not wait for shmlab.manager itself.
+    env = dict(os.environ, TMPDIR=str(tmp_path))
+    argv = [sys.executable, "-c", STAND_IN, "shmlab.manager"]
+    daemon = subprocess.Popen(argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        path = daemon.stdout.readline().decode().strip()
+        found = [m for m in introspect.managers() if m.pid == daemon.pid]
+    finally:
+        daemon.stdin.close()
+        daemon.wait(10)
+        daemon.stdout.close()
+    [manager] = found
+    assert (manager.kind, manager.ppid, manager.socket_path) == ("shmlab", os.getpid(), path)
+    [started] = introspect.events(os.path.dirname(path))
+    assert started["event"] == "started" and started["pid"] == daemon.pid
+
+
+def test_events_skip_damaged_and_unfinished_lines(tmp_path):
+    lines = ['{"event": "started"}', "not json", '{"event": "joined"}', '{"event": "le']
+    (tmp_path / "events.jsonl").write_text("\n".join(lines))
+    assert introspect.events(tmp_path) == [{"event": "started"}, {"event": "joined"}]
+    assert introspect.events(tmp_path / "manager.sock") == introspect.events(tmp_path)
+    assert introspect.events(tmp_path / "gone" / "manager.sock") == []
+
+
+@pytest.mark.timeout(20)
+def test_limits_match_getrlimit_statvfs_and_another_process():
+    mine, vfs = introspect.limits(), os.statvfs("/dev/shm")
+    assert (mine.nofile_soft, mine.nofile_hard) == resource.getrlimit(resource.RLIMIT_NOFILE)
+    assert mine.shm_total == vfs.f_blocks * vfs.f_frsize
+    assert 0 <= mine.shm_free <= mine.shm_total
+    code = (
+        "import resource, sys; hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1];"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (64, hard)); print(flush=True);"
+        "sys.stdin.read()"
+    )
+    child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE)  # fmt: skip
+    try:
+        child.stdout.readline()
+        theirs = introspect.limits(child.pid)
+    finally:
+        child.stdin.close()
+        child.wait(10)
+        child.stdout.close()
+    assert (theirs.nofile_soft, theirs.nofile_hard) == (64, mine.nofile_hard)
