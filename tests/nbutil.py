@@ -38,7 +38,7 @@ def find_notebooks(dirs=NOTEBOOK_DIRS) -> list[Path]:
 
 
 def tracked_notebooks() -> list[Path]:
-    """The notebooks git tracks (what a fresh clone gets); outside a git checkout, all found."""
+    """The notebooks git tracks (what a fresh clone gets); without git, those in our folders."""
     try:
         out = subprocess.run(
             ["git", "ls-files", "-z", "--", "*.ipynb"],
@@ -47,8 +47,8 @@ def tracked_notebooks() -> list[Path]:
             check=True,
             timeout=30,
         ).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return sorted(REPO.glob("**/*.ipynb"))
+    except (OSError, subprocess.CalledProcessError):  # no git, or not a checkout git trusts
+        return find_notebooks((REPO / "notebooks", REPO / "labs", REPO / "labs" / "source"))
     names = [n for n in out.decode().split("\0") if n]
     return sorted(REPO / n for n in names if (REPO / n).is_file())
 

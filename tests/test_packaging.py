@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -125,6 +126,8 @@ def test_constraints_agree_with_what_is_installed():
     """The venv the suite runs in holds exactly the pinned versions (the lock is honest)."""
     from importlib.metadata import PackageNotFoundError, version
 
+    if not (Path(sys.prefix) / ".shmlab-installed").exists():
+        pytest.skip("not the venv `make` installs with the pins (conda pins minor versions only)")
     wrong = []
     for name, pinned in constraints().items():
         try:
