@@ -265,8 +265,9 @@ def _managers(table: dict[int, _Proc]) -> list[ManagerInfo]:
                                      paths[0] if paths else None))  # fmt: skip
         except (psutil.Error, ProcessLookupError):
             continue  # exited while we looked, or not ours to look at
-    for key in [k for k in _kinds if k[0] not in table]:
-        del _kinds[key]  # forget processes that have exited
+    for key in list(_kinds):  # a copy, and pop(): a widget thread may refresh meanwhile
+        if key[0] not in table:
+            _kinds.pop(key, None)  # forget processes that have exited
     return found
 
 

@@ -156,12 +156,13 @@ def test_fd_strategy_receiver_holds_one_deleted_shm_fd_per_tensor():
     try:
         assert ready.wait(20)
         before = introspect.fd_counts(child.pid)
+        old = {info.fd for info in introspect.open_fds(child.pid)}  # inherited at fork, too
         tensors = [torch.full((256,), float(i)) for i in range(N_TENSORS)]
         for tensor in tensors:
             queue.put(tensor)
         assert got.wait(20)
         after = introspect.fd_counts(child.pid)
-        links = [i.target for i in introspect.open_fds(child.pid) if i.kind == "shm-deleted"]
+        new = [info for info in introspect.open_fds(child.pid) if info.fd not in old]
         family_fds = introspect.snapshot().fds
         release.set()
         child.join(20)
@@ -171,8 +172,10 @@ def test_fd_strategy_receiver_holds_one_deleted_shm_fd_per_tensor():
         queue.join_thread()
     assert after["shm-deleted"] - before["shm-deleted"] == N_TENSORS
     assert after["total"] - before["total"] == N_TENSORS
-    assert all(t.startswith(f"/dev/shm/torch_{os.getpid()}_") for t in links[-N_TENSORS:])
-    assert all(t.endswith(" (deleted)") for t in links)
+    assert len(new) == N_TENSORS and {info.kind for info in new} == {"shm-deleted"}
+    # "/dev/shm/torch_<our pid>_<rand>_<n> (deleted)": made by us, the sender, then unlinked
+    assert all(info.target.startswith(f"/dev/shm/torch_{os.getpid()}_") for info in new)
+    assert all(info.target.endswith(" (deleted)") for info in new)
     assert family_fds[child.pid] == after  # snapshot() watches the whole family
     assert family_fds[os.getpid()]["shm-deleted"] >= N_TENSORS  # the sender keeps its fds too
 
@@ -222,12 +225,14 @@ def test_killed_creator_leaves_a_leaked_segment(shm_folder):
     child.start()
     try:
         assert ready.wait(20)
-        alive = {s.owner: s for s in introspect.shm_segments(shm_folder)}
+        by_owner = lambda: {s.owner: s for s in introspect.shm_segments(shm_folder)}
+        alive = by_owner()
         os.kill(child.pid, signal.SIGKILL)
-        # Not reaped yet: the child is a zombie, which already counts as dead.
-        zombie = wait_for(lambda: introspect.shm_segments(shm_folder)[1].leaked)
+        # Nobody has reaped the child yet: a zombie, which already counts as dead.
+        zombie = wait_for(lambda: by_owner()["shmlab"].leaked)
+        assert psutil.Process(child.pid).status() == psutil.STATUS_ZOMBIE
         child.join(10)
-        reaped = {s.owner: s for s in introspect.shm_segments(shm_folder)}["shmlab"]
+        reaped = by_owner()["shmlab"]
     finally:
         stop(child)
     seg, stdlib = alive["shmlab"], alive["stdlib"]
