@@ -121,3 +121,13 @@ def receive_until_failure(lib: str, nofile: int, inq, results, n: int):
     del held
     gc.collect()
     results.put({"received": count, "error": error, "fds_after_release": fd_count()})
+
+
+def echo(inq, outq):
+    """Send back whatever arrives, until None: the far end of the handoff benchmark."""
+    while True:
+        item = inq.get()
+        if item is None:
+            return
+        outq.put(item)
+        del item  # hold nothing between round trips
