@@ -26,7 +26,7 @@ lab: setup
 	$(VENV)/bin/jupyter lab --ServerApp.root_dir=notebooks $(LAB_ARGS)
 
 lint: setup
-	$(VENV)/bin/ruff check shmlab tests benchmarks tools
+	$(VENV)/bin/ruff check .
 
 test: setup lint
 	$(PY) -m pytest $(PYTEST_ARGS)
