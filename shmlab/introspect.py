@@ -8,9 +8,10 @@ Note [psutil, and /proc where psutil has nothing]
 psutil answers the per-process questions (rlimit, cmdline, unix sockets). Two it cannot:
 - fd kinds: ``Process.open_files()`` skips sockets, pipes and deleted files, the very fds the
   file_descriptor strategy keeps (``/dev/shm/torch_... (deleted)``), and takes ~24 ms for
-  1,000 fds; a ``readlink`` of each ``/proc/<pid>/fd/<n>`` takes ~6 ms.
+  1,000 fds; a ``readlink`` of each ``/proc/<pid>/fd/<n>`` takes ~6 ms (2-CPU VM, idle).
 - a fast process table: ``process_iter(["name"])`` takes ~5 ms for 74 processes; one pass over
   ``/proc/*/stat`` takes ~1 ms and serves the family, the managers and "creator alive?".
+  (benchmarks/introspect_refresh.py measures both.)
 A process may exit, or an fd close, between listing and reading: whatever vanished in between
 is skipped, so a refresh never raises for it.
 """
@@ -109,14 +110,18 @@ def _links(pid: int) -> list[tuple[int, str, str]]:
     """(fd, kind, target) for every open fd of ``pid``."""
     try:
         fd_dir = os.open(f"/proc/{pid}/fd", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):
         raise psutil.NoSuchProcess(pid) from None
     except PermissionError:
         raise psutil.AccessDenied(pid) from None
     mine = str(fd_dir) if pid == os.getpid() else None  # our handle on the folder: not theirs
     found = []
     try:
-        for name in os.listdir(fd_dir):
+        try:
+            names = os.listdir(fd_dir)
+        except (FileNotFoundError, ProcessLookupError):
+            raise psutil.NoSuchProcess(pid) from None  # it exited after we opened the folder
+        for name in names:
             try:  # relative to fd_dir: no walk of /proc/<pid>/fd per fd (~25% faster)
                 if name != mine:
                     target = os.readlink(name, dir_fd=fd_dir)
@@ -314,6 +319,6 @@ def snapshot(pids: list[int] | None = None, shm_dir: str = SHM_DIR) -> Snapshot:
     for pid in watched:
         try:
             fds[pid] = fd_counts(pid)
-        except psutil.Error:
-            continue  # exited since we listed it (or not ours): nothing to count
+        except (psutil.Error, OSError):
+            continue  # exited since we listed it, or not ours to look at: nothing to count
     return Snapshot(time.time(), fds, _segments(shm_dir, table), _managers(table), limits())

@@ -18,6 +18,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 import psutil
@@ -131,6 +132,31 @@ def test_gone_process_raises_and_snapshot_skips_it():
     with pytest.raises(psutil.NoSuchProcess):
         introspect.open_fds(child.pid)
     assert list(introspect.snapshot(pids=[os.getpid(), child.pid]).fds) == [os.getpid()]
+
+
+@pytest.mark.timeout(30)
+def test_probes_survive_fds_and_processes_vanishing_while_they_read(tmp_path):
+    stop_churn = threading.Event()
+
+    def churn():  # fds open and close, children start and exit, as fast as they can
+        while not stop_churn.is_set():
+            fds = [os.open(tmp_path / f"f{i}", os.O_CREAT | os.O_RDWR) for i in range(20)]
+            fds += os.pipe()
+            for fd in fds:
+                os.close(fd)
+            subprocess.run(["true"])
+
+    worker = threading.Thread(target=churn)
+    worker.start()
+    try:
+        deadline = time.monotonic() + 1.5
+        while time.monotonic() < deadline:
+            shot = introspect.snapshot()
+            introspect.open_fds()
+    finally:
+        stop_churn.set()
+        worker.join(10)
+    assert os.getpid() in shot.fds and shot.fds[os.getpid()]["total"] > 0
 
 
 @pytest.mark.timeout(20)
