@@ -23,7 +23,7 @@ import os
 import re
 import stat
 import time
-from collections import Counter
+from collections import Counter, namedtuple
 from dataclasses import dataclass
 
 import psutil
@@ -84,12 +84,9 @@ class Snapshot:
     limits: Limits  # of this process
 
 
-@dataclass(frozen=True)
-class _Proc:
-    ppid: int
-    state: str  # 'Z' is a zombie: dead, it only waits for its parent to reap it
-    name: str  # the kernel's comm: at most 15 characters
-    started: float  # epoch seconds, to tell a reused pid from the original
+# One row of the process table. state 'Z' is a zombie: dead, it only waits to be reaped;
+# name is the kernel's comm (at most 15 characters); started is in epoch seconds.
+_Proc = namedtuple("_Proc", "ppid state name started")
 
 
 def _kind(target: str, fd_dir: int, fd: str) -> str:
