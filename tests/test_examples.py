@@ -1,0 +1,138 @@
+"""Tests for shmlab.examples: Hogwild on shared parameters, the evidence, the baseline, DDP.
+
+Sized for a 2-core machine: the digits set is tiny, so start-up (spawn, import torch, the
+rendezvous) costs more than training. Timeouts are generous for a loaded machine; accuracy
+targets have a wide margin (the MLP reaches about 0.97 on this test set).
+"""
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from shmlab.examples import hogwild
+from shmlab.examples.data import load_digits
+from shmlab.examples.ddp import run_ddp
+from shmlab.examples.evidence import check_sharing
+from shmlab.examples.model import TrainConfig, accuracy, make_model
+
+TARGET = 0.90
+
+
+@pytest.fixture(scope="module")
+def digits():
+    return load_digits()
+
+
+@pytest.fixture(autouse=True)
+def file_descriptor_strategy():
+    """Run on torch's default strategy, whatever an earlier test in this process chose."""
+    old = mp.get_sharing_strategy()
+    mp.set_sharing_strategy("file_descriptor")
+    yield
+    mp.set_sharing_strategy(old)
+
+
+def test_digits_split_is_fixed_and_standardized(digits):
+    again = load_digits()
+    assert digits.x_train.shape == (1348, 64) and digits.x_test.shape == (449, 64)
+    assert digits.x_train.dtype == torch.float32 and digits.y_train.dtype == torch.int64
+    assert torch.equal(digits.x_test, again.x_test)
+    assert digits.x_train.mean(0).abs().max() < 1e-4
+
+
+@pytest.mark.timeout(60)
+def test_hogwild_children_update_the_parents_parameters(digits):
+    # claim C5.1 and C5.2: two processes train one model; their optimizer.step() calls change
+    # the parameters this (parent) process sees.
+    model = make_model()
+    before = [p.detach().clone() for p in model.parameters()]
+    seen = []
+    r = hogwild.run_hogwild(2, epochs=5, target_accuracy=TARGET, model=model, data=digits,
+                            on_metric=seen.append, timeout=50)
+    assert r.time_to_target is not None and r.final_accuracy >= TARGET
+    assert all(not torch.equal(b, p) for b, p in zip(before, model.parameters(), strict=True))
+    assert accuracy(model, digits.x_test, digits.y_test) == r.final_accuracy
+    assert set(r.per_process()) == {0, 1} and len(seen) == len(r.metrics)
+    assert {"rank", "step", "time", "loss", "acc", "test_acc"} <= set(r.metrics[0])
+
+
+@pytest.mark.timeout(60)
+def test_hogwild_runs_under_spawn_and_stops_at_target(digits):
+    # Under spawn a child imports the worker by name: this is why it lives in the package.
+    r = hogwild.run_hogwild(2, epochs=20, target_accuracy=TARGET, start_method="spawn",
+                            data=digits, stop_at_target=True, timeout=50)
+    assert r.time_to_target is not None
+    assert r.samples < 20 * len(digits.x_train)  # stopped early
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_children_see_the_same_storage_as_the_parent(method):
+    ev = check_sharing(2, method)
+    assert ev.same_storage and all(ev.markers_seen)
+    assert all(row["is_shared"] for rows in [ev.parent, *ev.children.values()] for row in rows)
+    same_ptr = [r["data_ptr"] for r in ev.children[0]] == [r["data_ptr"] for r in ev.parent]
+    assert same_ptr == (method == "fork")  # addresses differ under spawn; the memory does not
+
+
+@pytest.mark.timeout(60)
+def test_a_failing_worker_is_reported_and_cleaned_up(digits):
+    bad = digits._replace(x_train=digits.x_train[:, :10])  # wrong width: the model raises
+    with pytest.raises(RuntimeError, match="worker . failed"):
+        hogwild.run_hogwild(2, epochs=1, data=bad, timeout=50)
+
+
+@pytest.mark.timeout(30)
+def test_single_process_baseline(digits):
+    threads = torch.get_num_threads()
+    r = hogwild.run_single(epochs=5, target_accuracy=TARGET, data=digits)
+    assert r.processes == 1 and r.time_to_target is not None and r.final_accuracy >= TARGET
+    assert torch.get_num_threads() == threads  # restored after the run
+
+
+@pytest.mark.timeout(60)
+def test_hogwild_command_line(capsys):
+    hogwild.main(["--processes", "2", "--epochs", "3", "--target", str(TARGET)])
+    out = capsys.readouterr().out
+    assert "hogwild  processes=2" in out and "single   processes=1" in out
+
+
+def test_bad_settings_are_rejected():
+    with pytest.raises(ValueError, match="processes"):
+        hogwild.run_hogwild(0)
+    with pytest.raises(ValueError, match="target_accuracy"):
+        TrainConfig(target_accuracy=1.5)
+    with pytest.raises(ValueError, match="nprocs"):
+        run_ddp(4, batch_size=2)
+
+
+@pytest.mark.timeout(90)
+def test_ddp_with_spawn_reaches_target(digits):
+    r = run_ddp(2, epochs=5, target_accuracy=TARGET, data=digits, timeout=80)
+    assert r.processes == 2 and r.time_to_target is not None and r.final_accuracy >= TARGET
+    assert r.throughput > 0
+    assert accuracy(r.model, digits.x_test, digits.y_test) == pytest.approx(r.final_accuracy)
+
+
+@pytest.mark.timeout(120)
+def test_torchrun_runs_the_ddp_module():
+    torchrun = Path(sys.executable).with_name("torchrun")
+    cmd = [str(torchrun), "--standalone", "--nproc_per_node=2", "-m", "shmlab.examples.ddp",
+           "--epochs", "3", "--target", str(TARGET)]
+    # Own session, so a timeout can kill torchrun *and* its workers, leaving nothing behind.
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=100)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
+    assert proc.returncode == 0, err[-2000:]
+    assert "ddp      processes=2" in out and "time to 90%: not reached" not in out, out
