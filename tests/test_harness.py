@@ -97,22 +97,26 @@ def _notebook(with_outputs: bool) -> nbformat.NotebookNode:
 def test_a_notebook_with_outputs_is_detected(tmp_path):
     path = tmp_path / "with_outputs.ipynb"
     nbformat.write(_notebook(with_outputs=True), str(path))
-    nb = nbutil.read_notebook(path)
-    assert nbutil.notebook_has_outputs(nb)
-    assert any("1 output(s)" in p for p in nbutil.output_problems(nb))
-    assert any("execution_count 1" in p for p in nbutil.output_problems(nb))
-    result = nbutil.nbstripout_verify([path])
-    assert result.returncode != 0, "nbstripout --verify should flag a notebook with outputs"
+    problems = nbutil.output_problems(nbutil.read_notebook(path))
+    assert any("1 output(s)" in p for p in problems), problems
+    assert any("execution_count 1" in p for p in problems), problems
 
 
 def test_a_clean_notebook_with_hidden_test_cells_passes(tmp_path):
     """Our own metadata (source_hidden, tags, cell ids) is not mistaken for output."""
     path = tmp_path / "clean.ipynb"
     nbformat.write(_notebook(with_outputs=False), str(path))
-    nb = nbutil.read_notebook(path)
-    assert not nbutil.notebook_has_outputs(nb)
-    result = nbutil.nbstripout_verify([path])
-    assert result.returncode == 0, result.stdout + result.stderr
+    assert not nbutil.notebook_has_outputs(nbutil.read_notebook(path))
+
+
+def test_nbstripout_verify_flags_outputs_but_not_our_metadata(tmp_path):
+    dirty, clean = tmp_path / "with_outputs.ipynb", tmp_path / "clean.ipynb"
+    nbformat.write(_notebook(with_outputs=True), str(dirty))
+    nbformat.write(_notebook(with_outputs=False), str(clean))
+    result = nbutil.nbstripout_verify([dirty, clean])  # one call: nbformat imports slowly
+    assert result.returncode != 0, "nbstripout --verify should flag a notebook with outputs"
+    assert "with_outputs.ipynb" in result.stdout
+    assert "clean.ipynb" not in result.stdout, result.stdout + result.stderr
 
 
 def test_saved_widget_state_counts_as_output(tmp_path):
