@@ -80,3 +80,29 @@ def test_start_here_reports_every_check():
         assert lines[0].startswith(("✅", "⚠️")), lines[0]
     for name in ("01_what_is_torch_multiprocessing", "08_when_the_parent_dies", "lab5_hogwild"):
         assert name in text, f"the map does not mention {name}"
+
+
+# Run inside the kernel, after 00_start_here's first cell: make the machine look like a default
+# Docker container (64 MiB /dev/shm) with a low fd limit the user may still raise.
+SIMULATE_SMALL_MACHINE = """
+import resource, shutil
+_usage, _getrlimit = shutil.disk_usage, resource.getrlimit
+shutil.disk_usage = lambda p: (
+    type(_usage(p))(64 * 2**20, 0, 64 * 2**20) if str(p) == "/dev/shm" else _usage(p)
+)
+resource.getrlimit = lambda r: (1024, 4096) if r == resource.RLIMIT_NOFILE else _getrlimit(r)
+"""
+
+
+@pytest.mark.notebook
+@pytest.mark.timeout(nbutil.NOTEBOOK_TIMEOUT)
+def test_start_here_flags_a_tiny_dev_shm_and_a_low_fd_limit():
+    nb = nbutil.read_notebook(START_HERE)
+    nb.cells.insert(1, nbutil.code_cell(SIMULATE_SMALL_MACHINE))
+    text = nbutil.outputs_text(nbutil.execute(nb, cwd=START_HERE.parent))
+    assert "⚠️ ulimit -n: 1,024 (hard limit 4,096)" in text, text
+    assert "`ulimit -n 4096`" in text, text
+    assert "⚠️ /dev/shm: 64 MiB in all" in text, text
+    assert "--shm-size" in text, text
+    assert "thing(s) to look at" in text, text  # the summary lists both problems
+    assert " - ulimit -n = 1,024" in text and " - /dev/shm = 64 MiB" in text, text
