@@ -173,7 +173,12 @@ class _Locked:
         return self
 
     def __exit__(self, *exc) -> None:
-        os.close(self.fd)  # closing the only fd of this description drops the flock
+        # Unlock explicitly: a mapping made from this fd (attach_refcounted) holds the open
+        # file description, and with it the flock, alive after close() until munmap.
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+        finally:
+            os.close(self.fd)
 
     def count(self) -> int:
         return _REFCOUNT.unpack(os.pread(self.fd, 4, 0))[0]
