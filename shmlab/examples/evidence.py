@@ -1,10 +1,13 @@
 """Evidence that Hogwild workers share the parent's parameters instead of copying them.
 
-Three observations, from the parent and from each child:
+Four observations, from the parent and from each child:
 - `is_shared()`: the parameter's storage lives in shared memory;
-- the storage's identity: with the file_descriptor strategy, the (st_ino, st_dev) of the
-  storage's fd (the same key torch's `fd_id()` uses to cache received storages), with
-  file_system, the shm file name. Same identity = same memory;
+- torch's identity of the storage: with the file_descriptor strategy, the (st_ino, st_dev) of
+  the storage's fd (the key torch's `fd_id()` caches received storages by), with file_system,
+  the shm file name. Same identity = same memory;
+- the kernel's view: the file that /proc/self/maps says backs the parameter's address, with its
+  inode. Under file_descriptor its name ends in "(deleted)": torch unlinked it at once, and only
+  the open fds and mappings keep the memory alive;
 - a marker: each child writes a value into a parameter; the parent reads it after the join.
 
 `data_ptr()` is reported too, as a lesson: under fork it is equal in parent and child (the child
@@ -41,10 +44,25 @@ def storage_identity(t: torch.Tensor, strategy: str | None = None):
     return ("file_descriptor", st.st_ino, st.st_dev)
 
 
+def mapped_file(t: torch.Tensor):
+    """(st_ino, st_dev, path) of the file mapped at t's address in this process, or None."""
+    ptr = t.untyped_storage().data_ptr()
+    with open("/proc/self/maps") as maps:
+        for line in maps:  # "start-end perms offset major:minor inode   path"
+            fields = line.split(maxsplit=5)
+            start, end = (int(a, 16) for a in fields[0].split("-"))
+            if start <= ptr < end:
+                major, minor = (int(n, 16) for n in fields[3].split(":"))
+                path = fields[5].strip() if len(fields) > 5 else ""
+                return int(fields[4]), os.makedev(major, minor), path
+    return None
+
+
 def parameter_report(model: torch.nn.Module, strategy: str | None = None) -> list[dict]:
     """One row per parameter: name, data_ptr, is_shared and storage identity, in this process."""
     return [{"name": name, "pid": os.getpid(), "data_ptr": p.data_ptr(),
-             "is_shared": p.is_shared(), "identity": storage_identity(p, strategy)}
+             "is_shared": p.is_shared(), "identity": storage_identity(p, strategy),
+             "mapping": mapped_file(p)}
             for name, p in model.named_parameters()]
 
 
@@ -67,9 +85,12 @@ class SharingEvidence:
     @property
     def same_storage(self) -> bool:
         """Every child's parameters are backed by the very storages the parent has."""
-        ids = [r["identity"] for r in self.parent]
-        return all(None not in ids and [r["identity"] for r in rows] == ids
-                   for rows in self.children.values())
+        def key(rows):  # the storage identity, and the mapped file's inode and device
+            return [(r["identity"], r["mapping"] and r["mapping"][:2]) for r in rows]
+
+        ids = key(self.parent)
+        complete = all(i is not None and m is not None for i, m in ids)
+        return complete and all(key(rows) == ids for rows in self.children.values())
 
     def table(self) -> str:
         lines = [f"start method={self.start_method}  sharing strategy={self.strategy}",
@@ -78,7 +99,7 @@ class SharingEvidence:
                                                       in sorted(self.children.items())]:
             for row in rows:
                 lines.append(f"{who:>10} {row['name']:10} {row['data_ptr']:16x} "
-                             f"{row['is_shared']!s:6}  {row['identity']}")
+                             f"{row['is_shared']!s:6}  {row['identity']}  {row['mapping'][2]}")
         lines.append(f"markers written by children seen by the parent: {self.markers_seen}")
         return "\n".join(lines)
 

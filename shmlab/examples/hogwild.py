@@ -26,6 +26,7 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 from shmlab.examples.data import Digits, load_digits, shard
+from shmlab.examples.evidence import mapped_file
 from shmlab.examples.model import (
     MetricCollector,
     TrainConfig,
@@ -46,7 +47,9 @@ def train(rank, model, data: Digits, cfg: TrainConfig, world=1, queue=None, star
     # parameters themselves are shared.
     optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum)
     mine = shard(len(data.x_train), rank, world)
-    queue.put({"rank": rank, "ready": True, "pid": os.getpid()})
+    # Evidence of sharing: the file that backs each parameter in *this* process's memory map.
+    files = [mapped_file(p) for p in model.parameters()]
+    queue.put({"rank": rank, "ready": True, "pid": os.getpid(), "mapped_files": files})
     # Start the clock when every worker is ready, not while some still import torch. The
     # timeout only matters if the parent died before saying "go" (see notebook 08).
     if start is not None and not start.wait(timeout=600):
@@ -127,9 +130,10 @@ def run_hogwild(processes=4, epochs=10, target_accuracy=0.95, start_method=None,
         for p in procs:
             p.start()
         deadline = time.monotonic() + timeout
-        ready = 0
-        while ready < processes:  # wait for every worker to import torch and get its data
-            ready += bool(_get(q, procs, deadline).get("ready"))
+        workers = {}
+        while len(workers) < processes:  # wait for every worker to import torch and get its data
+            msg = _get(q, procs, deadline)
+            workers[msg["rank"]] = {k: msg[k] for k in ("pid", "mapped_files")}
         steps = _total_steps(len(data.x_train), processes, cfg)
         col = MetricCollector(cfg, on_metric, steps, progress, stop)
         start.set()
@@ -141,7 +145,9 @@ def run_hogwild(processes=4, epochs=10, target_accuracy=0.95, start_method=None,
         _shutdown(procs, q)
         if col is not None:
             col.close()
-    return _result("hogwild", processes, cfg, col, model, data, wall_start, train_end)
+    result = _result("hogwild", processes, cfg, col, model, data, wall_start, train_end)
+    result.workers = workers
+    return result
 
 
 def _get(q, procs, deadline):

@@ -65,6 +65,7 @@ class TrainResult:
     samples: int  # training samples processed by all processes together
     metrics: list[dict] = field(default_factory=list, repr=False)
     model: nn.Module | None = field(default=None, repr=False)
+    workers: dict[int, dict] = field(default_factory=dict, repr=False)  # rank -> pid, evidence
 
     @property
     def throughput(self) -> float:
