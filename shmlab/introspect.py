@@ -200,7 +200,7 @@ def _refcount(path: str) -> int | None:
 def _alive(pid: int, since: float, table: dict[int, _Proc]) -> bool:
     proc = table.get(pid)
     # Pids get reused: a process that started after the file existed cannot have made it.
-    # One second of slack covers the whole-second boot time the start time is built on.
+    # One second of slack absorbs clock steps and the coarse clocks both times come from.
     return proc is not None and proc.state != "Z" and proc.started <= since + 1.0
 
 
