@@ -65,6 +65,7 @@ def test_hogwild_children_update_the_parents_parameters(digits):
     assert {"rank", "step", "time", "loss", "acc", "test_acc"} <= set(r.metrics[0])
 
 
+@pytest.mark.slow  # fresh interpreters import torch: seconds each on 2 cores
 @pytest.mark.timeout(120)
 def test_hogwild_runs_under_spawn_and_stops_at_target(digits):
     # Under spawn a child imports the worker by name: this is why it lives in the package.
@@ -75,7 +76,10 @@ def test_hogwild_runs_under_spawn_and_stops_at_target(digits):
 
 
 @pytest.mark.timeout(90)
-@pytest.mark.parametrize("method, processes", [("fork", 2), ("spawn", 1)])
+@pytest.mark.parametrize("method, processes", [
+    ("fork", 2),
+    pytest.param("spawn", 1, marks=pytest.mark.slow),  # a fresh interpreter imports torch
+])
 def test_children_see_the_same_storage_as_the_parent(method, processes):
     ev = check_sharing(processes, method)
     assert ev.same_storage and all(ev.markers_seen)
@@ -115,6 +119,7 @@ def test_bad_settings_are_rejected():
         run_ddp(4, batch_size=2)
 
 
+@pytest.mark.slow  # fresh interpreters import torch: seconds each on 2 cores
 @pytest.mark.timeout(120)
 def test_ddp_with_spawn_reaches_target(digits):
     r = run_ddp(2, epochs=5, target_accuracy=TARGET, data=digits, timeout=100)
@@ -123,6 +128,7 @@ def test_ddp_with_spawn_reaches_target(digits):
     assert accuracy(r.model, digits.x_test, digits.y_test) == pytest.approx(r.final_accuracy)
 
 
+@pytest.mark.slow  # fresh interpreters import torch: seconds each on 2 cores
 @pytest.mark.timeout(120)
 def test_torchrun_runs_the_ddp_module():
     torchrun = Path(sys.executable).with_name("torchrun")

@@ -134,8 +134,7 @@ def run_ddp(nprocs=2, epochs=10, target_accuracy=0.95, on_metric=None, *, data=N
                 done[msg["rank"]] = msg
             col.put(msg)
         train_end = time.monotonic()
-        while not pc.join(timeout=10):
-            pass
+        pc.join(timeout=max(1.0, deadline - train_end))  # they exit after destroy_process_group
     finally:
         for p in pc.processes:
             if p.is_alive():

@@ -104,7 +104,7 @@ def _worker(rank, model, data, cfg, world, queue, start, stop):
         import traceback
 
         queue.put({"rank": rank, "error": traceback.format_exc()})
-        raise
+        raise SystemExit(1) from None  # the parent shows the traceback; don't print it twice
 
 
 def run_hogwild(processes=4, epochs=10, target_accuracy=0.95, start_method=None,
@@ -157,11 +157,16 @@ def _get(q, procs, deadline):
             msg = q.get(timeout=0.2)
         except queue_mod.Empty:
             dead = [p for p in procs if p.exitcode not in (None, 0)]
-            if dead:
-                raise RuntimeError(f"{dead[0].name} exited with code {dead[0].exitcode}") from None
-            if time.monotonic() > deadline:
+            if dead:  # its traceback may still be in the pipe: look once more before giving up
+                try:
+                    msg = q.get(timeout=1.0)
+                except queue_mod.Empty:
+                    name, code = dead[0].name, dead[0].exitcode
+                    raise RuntimeError(f"{name} exited with code {code}") from None
+            elif time.monotonic() > deadline:
                 raise TimeoutError("Hogwild workers did not finish in time") from None
-            continue
+            else:
+                continue
         if msg.get("error"):
             raise RuntimeError(f"worker {msg['rank']} failed:\n{msg['error']}")
         return msg
