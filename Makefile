@@ -22,8 +22,11 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(PY) -m pip install --quiet -c $(CONSTRAINTS) -e '.[test]'
 	@touch $(STAMP)
 
+# As root (a container, say) JupyterLab refuses to start without --allow-root.
+ROOT_ARGS := $(if $(filter 0,$(shell id -u)),--allow-root)
+
 lab: setup
-	$(VENV)/bin/jupyter lab --ServerApp.root_dir=notebooks $(LAB_ARGS)
+	$(VENV)/bin/jupyter lab --ServerApp.root_dir=notebooks $(ROOT_ARGS) $(LAB_ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check .

@@ -17,9 +17,10 @@ import nbformat
 from nbclient import NotebookClient
 
 REPO = Path(__file__).resolve().parents[1]
-# Executed as tests: the step-by-step notebooks and the instructor (solution) copies of the labs.
-# The learner copies in labs/ fail their hidden test cells by design; the grader tests them.
-NOTEBOOK_DIRS = (REPO / "notebooks", REPO / "labs" / "source")
+# Executed as tests: the step-by-step notebooks. The labs run through the grader in
+# test_labs.py instead (instructor copies must score full marks, learner copies zero), so they
+# are not executed twice.
+NOTEBOOK_DIRS = (REPO / "notebooks",)
 KERNEL = "python3"
 CELL_TIMEOUT = int(os.environ.get("SHMLAB_CELL_TIMEOUT", "120"))  # seconds per cell
 NOTEBOOK_TIMEOUT = int(os.environ.get("SHMLAB_NOTEBOOK_TIMEOUT", "300"))  # seconds per notebook

@@ -176,8 +176,7 @@ def test_make_lab_serves_jupyterlab_on_notebooks(tmp_path):
         f"--IdentityProvider.token={token}",
         "--ServerApp.open_browser=False",
     ]
-    if os.geteuid() == 0:
-        lab_args.append("--allow-root")
+    # (as root, the Makefile adds --allow-root itself)
     env = dict(os.environ)
     # Keep the learner's own Jupyter config and runtime files out of the test.
     env.update(

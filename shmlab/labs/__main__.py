@@ -1,0 +1,46 @@
+"""``python -m shmlab.labs release`` and ``python -m shmlab.labs grade NOTEBOOK...``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from . import grade as grading
+from . import release as releasing
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m shmlab.labs")
+    sub = parser.add_subparsers(dest="command", required=True)
+    rel = sub.add_parser("release", help="write the learner copies in labs/ from labs/source/")
+    rel.add_argument("--check", action="store_true",
+                     help="write nothing; exit 1 if a learner copy is out of date")
+    gr = sub.add_parser("grade", help="grade learner notebooks against labs/source/")
+    gr.add_argument("notebooks", nargs="+")
+    gr.add_argument("--json", action="store_true", help="print the scores as JSON")
+    gr.add_argument("--timeout", type=int, default=120, help="seconds per cell (default 120)")
+    args = parser.parse_args(argv)
+
+    if args.command == "release":
+        if args.check:
+            stale = releasing.out_of_date()
+            for name in stale:
+                print(f"out of date: labs/{name} (run: python -m shmlab.labs release)")
+            return 1 if stale else 0
+        for path in releasing.release():
+            print(f"wrote {path}")
+        return 0
+
+    results = [grading.grade(p, timeout=args.timeout) for p in args.notebooks]
+    if args.json:
+        json.dump([r.as_dict() for r in results], sys.stdout, indent=1)
+        print()
+    else:
+        for r in results:
+            grading.print_table(r)
+    return 0 if all(r.score == r.max_score for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,80 @@
+"""Checks for lab 1: reducers, tensors as (storage, offset, shape, strides), pickle size."""
+
+from __future__ import annotations
+
+from multiprocessing.reduction import ForkingPickler
+
+import numpy as np
+
+import shmlab
+
+from .report import Cases, run_in_child
+
+
+def check_point_reducer(point_cls, reduce_point, rebuild_point):
+    with Cases("Exercise 1: a reducer/rebuilder pair for Point") as c:
+        p = point_cls(3, -4.5)
+        reduced = reduce_point(p)
+        c.check(isinstance(reduced, tuple) and len(reduced) == 2 and callable(reduced[0])
+                and isinstance(reduced[1], tuple),
+                "reduce_point returns (callable, args-tuple)",
+                "a reducer returns (rebuild_function, (arguments, ...)), like __reduce__")
+        c.check(ForkingPickler._extra_reducers.get(point_cls) is reduce_point,
+                "reduce_point is registered with ForkingPickler",
+                "ForkingPickler.register(Point, reduce_point)")
+        back = ForkingPickler.loads(ForkingPickler.dumps(p))
+        c.check(type(back) is point_cls and (back.x, back.y) == (3, -4.5),
+                "a Point survives ForkingPickler.dumps/loads",
+                "rebuild_point(*args) must return a Point with the same x and y")
+        got = run_in_child(_roundtrip_in_child, bytes(ForkingPickler.dumps(p)))
+        c.check(got == (3, -4.5), "a child process rebuilds the same Point from the bytes",
+                "only the rebuild function and its arguments travel")
+
+
+def _roundtrip_in_child(data: bytes):
+    p = ForkingPickler.loads(data)
+    return (p.x, p.y)
+
+
+class _LearnerPickler(ForkingPickler):
+    """ForkingPickler with the learner's tensor reducer instead of shmlab's."""
+
+
+def check_tensor_reducer(my_reduce_tensor, my_rebuild_tensor):
+    _LearnerPickler._extra_reducers = {**ForkingPickler._extra_reducers,
+                                       shmlab.Tensor: my_reduce_tensor}
+    with Cases("Exercise 2: a tensor travels as (storage, offset, shape, strides)") as c:
+        base = shmlab.from_numpy(np.arange(12, dtype=np.float32).reshape(3, 4))
+        column = base[:, 2]
+        reduced = my_reduce_tensor(column)
+        c.check(callable(reduced[0]) and any(a is base.untyped_storage() for a in reduced[1]),
+                "the reduced arguments carry the tensor's storage itself",
+                "pass t.untyped_storage(): its own reducer shares it (don't send t.numpy())")
+        data = bytes(_LearnerPickler.dumps(column))
+        c.check(len(data) < 1000, f"the pickle is small ({len(data)} bytes)",
+                "only metadata and a handle should travel, never the data")
+        seen = run_in_child(_rebuild_and_write, data)
+        c.check(seen["meta"] == (2, (3,), (4,)),
+                f"the child gets offset 2, shape (3,), strides (4,): got {seen['meta']}",
+                "send storage_offset(), shape and stride(); rebuild shmlab.Tensor(storage, "
+                "offset, shape, strides, dtype)")
+        c.check(seen["values"] == [2.0, 6.0, 10.0], "the child reads the column's values")
+        c.check(base.numpy()[0, 2] == 100.0, "the child's write is seen by the parent",
+                "the rebuilt tensor must be a view of the received storage, not a copy")
+
+
+def _rebuild_and_write(data: bytes):
+    t = _LearnerPickler.loads(data)
+    meta = (t.storage_offset(), tuple(t.shape), tuple(t.stride()))
+    values = t.numpy().tolist()
+    t.numpy()[0] = 100.0
+    return {"meta": meta, "values": values}
+
+
+def check_pickle_size(pickle_size):
+    with Cases("Exercise 3: the pickle stays the same size, whatever the tensor's size") as c:
+        small, big = pickle_size(10), pickle_size(1_000_000)
+        c.check(big < 1000, f"1,000,000 floats pickle to {big} bytes (< 1,000)",
+                "use ForkingPickler.dumps, not pickle.dumps: only it has the sharing reducers")
+        c.check(abs(big - small) < 16, f"10 floats: {small} bytes; 1,000,000 floats: {big}",
+                "the size must not grow with the number of elements")

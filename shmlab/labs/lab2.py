@@ -1,0 +1,80 @@
+"""Checks for lab 2: unlinked segments, SCM_RIGHTS, and the receiver's cache."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+from .report import Cases, run_in_child
+
+
+def check_unlinked_segment(create_unlinked_segment):
+    with Cases("Exercise 1: an unlinked shared-memory segment") as c:
+        fd = create_unlinked_segment(4096)
+        try:
+            link = os.readlink(f"/proc/self/fd/{fd}")
+            c.check(link.startswith("/dev/shm/"), f"the fd points into /dev/shm ({link})",
+                    "use _posixshmem.shm_open (or os.open on /dev/shm/<name>)")
+            c.check(link.endswith("(deleted)"), "the name is already unlinked",
+                    "call shm_unlink(name) right after creating: the fd is the only handle")
+            st = os.fstat(fd)
+            c.check(st.st_size == 4096, f"the segment is 4096 bytes (got {st.st_size})",
+                    "size it with os.ftruncate (and os.posix_fallocate)")
+            c.check(st.st_mode & 0o777 == 0o600, "mode 0600: only you can open it",
+                    "pass mode 0o600 to shm_open")
+        finally:
+            os.close(fd)
+
+
+def check_fd_passing(send_fd, recv_fd, create_unlinked_segment):
+    with Cases("Exercise 2: pass an fd over a UNIX socket (SCM_RIGHTS)") as c:
+        parent_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            ident = run_in_child(_send_segment, child_sock, send_fd, create_unlinked_segment)
+            fd = recv_fd(parent_sock)
+        finally:
+            parent_sock.close()
+            child_sock.close()
+        try:
+            st = os.fstat(fd)
+            c.check((st.st_ino, st.st_dev) == ident,
+                    "the fd received names the child's segment (same inode and device)",
+                    "socket.send_fds(sock, [b'x'], [fd]) / socket.recv_fds(sock, 1, 1)")
+            c.check(os.pread(fd, 5, 0) == b"hello", "the parent reads what the child wrote",
+                    "the received fd is a new number for the same object")
+        finally:
+            os.close(fd)
+
+
+def _send_segment(sock, send_fd, create_unlinked_segment):
+    fd = create_unlinked_segment(4096)
+    os.pwrite(fd, b"hello", 0)
+    send_fd(sock, fd)
+    st = os.fstat(fd)
+    os.close(fd)
+    return (st.st_ino, st.st_dev)
+
+
+def check_rebuild_cache(rebuild_storage_fd, create_unlinked_segment):
+    with Cases("Exercise 3: rebuild_storage_fd with a cache keyed by (st_ino, st_dev)") as c:
+        cache = {}
+        seg = create_unlinked_segment(64)
+        first_fd, second_fd = os.dup(seg), os.dup(seg)  # one segment, received twice
+        a = rebuild_storage_fd(first_fd, 64, cache)
+        os.close(first_fd)  # the caller closes what it received; the storage keeps its own
+        b = rebuild_storage_fd(second_fd, 64, cache)
+        os.close(second_fd)
+        c.check(a is b, "the same segment received twice gives one storage",
+                "key the cache by os.fstat(fd): (st_ino, st_dev); the fd number differs "
+                "on every receipt")
+        os.close(seg)
+        c.check(a.is_shared() and a.nbytes() == 64, "the storage is shared and 64 bytes long",
+                "build it with shmlab.UntypedStorage._new_shared_fd_cpu(fd, size)")
+        other = create_unlinked_segment(64)
+        reuse = os.dup(other)
+        d = rebuild_storage_fd(reuse, 64, cache)  # likely the fd number `first_fd` had
+        os.close(reuse)
+        os.close(other)
+        c.check(d is not a, "a different segment (even under a reused fd number) is a new "
+                "storage", "fd numbers are reused as soon as they are closed: they cannot "
+                "name a segment; (st_ino, st_dev) can")

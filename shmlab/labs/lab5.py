@@ -1,0 +1,105 @@
+"""Checks for lab 5: Hogwild training on shared parameters, and what it costs."""
+
+from __future__ import annotations
+
+import time
+
+from .report import Cases
+
+
+def _setup():
+    import torch
+
+    from ..examples.data import load_digits
+    from ..examples.model import accuracy, make_model
+
+    torch.set_num_threads(1)
+    return torch, load_digits(), make_model, accuracy
+
+
+def _run(worker, model, data, processes: int, epochs: int, timeout: float = 120.0):
+    """Start ``processes`` fork children running ``worker(rank, world, model, data, epochs)``."""
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("fork")  # the learner's worker lives in the notebook's __main__
+    procs = [ctx.Process(target=worker, args=(r, processes, model, data, epochs), daemon=True)
+             for r in range(processes)]
+    start = time.perf_counter()
+    for p in procs:
+        p.start()
+    deadline = time.monotonic() + timeout
+    for p in procs:
+        p.join(max(0.1, deadline - time.monotonic()))
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+            p.join()
+    return time.perf_counter() - start, [p.exitcode for p in procs]
+
+
+def check_hogwild(train_worker):
+    with Cases("Exercise 1: several processes train one shared model") as c:
+        torch, data, make_model, accuracy = _setup()
+        train_worker(0, 1, make_model(seed=0), data, 0)  # 0 epochs: a stub still raises here
+        model = make_model(seed=0)
+        model.share_memory()
+        before = [p.detach().clone() for p in model.parameters()]
+        seconds, codes = _run(train_worker, model, data, processes=2, epochs=5)
+        c.check(codes == [0, 0], f"both workers exited cleanly (exit codes {codes})",
+                "read the child's traceback above; the worker gets (rank, world, model, data, "
+                "epochs)")
+        moved = any(not torch.equal(a, b) for a, b in zip(before, model.parameters(),
+                                                          strict=True))
+        c.check(moved, "the parent sees the parameters the children trained",
+                "optimizer.step() must update the shared model's own parameters: build the "
+                "optimizer from model.parameters() inside the worker, don't copy the model")
+        acc = accuracy(model, data.x_test, data.y_test)
+        c.check(acc >= 0.85, f"test accuracy {acc:.3f} (>= 0.85) after {seconds:.1f} s",
+                "each worker should run `epochs` passes over its shard data.x_train[rank::world]")
+
+
+def check_measurement(measure):
+    with Cases("Exercise 2: measure Hogwild against one process") as c:
+        result = measure()
+        keys = {"single_seconds", "single_accuracy", "hogwild_seconds", "hogwild_accuracy"}
+        c.check(isinstance(result, dict) and keys <= set(result),
+                f"measure() returns {sorted(keys)}", "return a dict with those four keys")
+        if isinstance(result, dict) and keys <= set(result):
+            c.check(result["single_accuracy"] >= 0.85 and result["hogwild_accuracy"] >= 0.85,
+                    "both reach >= 0.85 test accuracy", "train the same number of epochs")
+            c.check(0 < result["hogwild_seconds"] < 120 and 0 < result["single_seconds"] < 120,
+                    "both times are measured in seconds",
+                    "time.perf_counter() around each run, start to join")
+
+
+def check_identity(storage_identity):
+    with Cases("Exercise 3: the same segment behind the parameters in every process") as c:
+        torch, _, make_model, _ = _setup()
+        import torch.multiprocessing as mp
+
+        model = make_model(seed=0)
+        model.share_memory()
+        mine = [storage_identity(p) for p in model.parameters()]
+        c.check(all(isinstance(i, tuple) and len(i) == 2 for i in mine),
+                "storage_identity returns a (st_ino, st_dev) pair per parameter",
+                "fd, _ = p.untyped_storage()._share_fd_cpu_(); st = os.fstat(fd)")
+        ctx = mp.get_context("fork")
+        inq, outq = ctx.Queue(), ctx.Queue()
+        child = ctx.Process(target=_identities_in_child, args=(storage_identity, inq, outq),
+                            daemon=True)
+        child.start()
+        try:
+            inq.put(model)
+            theirs = outq.get(timeout=60)
+        finally:
+            child.join(30)
+            if child.is_alive():
+                child.kill()
+        c.check(theirs == mine, "a child that received the model over a Queue maps the very "
+                "same segments", "two fds, one object: compare inode and device, not fd numbers")
+        c.check(len(set(mine)) == len(mine), "each parameter has a segment of its own")
+
+
+def _identities_in_child(storage_identity, inq, outq):
+    model = inq.get(timeout=60)
+    outq.put([storage_identity(p) for p in model.parameters()])

@@ -1,0 +1,79 @@
+"""Make learner copies from instructor copies, in nbgrader's text format.
+
+Mirrors: nbgrader's ClearSolutions and ClearHiddenTests preprocessors
+(``nbgrader generate_assignment``).
+
+* In a solution cell, each ``### BEGIN SOLUTION`` ... ``### END SOLUTION`` region becomes
+  ``# YOUR CODE HERE`` / ``raise NotImplementedError()`` at the region's indentation.
+* In a test cell, each ``### BEGIN HIDDEN TESTS`` ... ``### END HIDDEN TESTS`` region is
+  removed: those checks run only when the grader restores the cell from the source.
+* Outputs and execution counts are cleared; metadata (nbgrader's included) is kept.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from pathlib import Path
+
+import nbformat
+
+LABS = Path(__file__).resolve().parents[2] / "labs"
+SOURCE = LABS / "source"
+
+def _region(begin: str, end: str) -> re.Pattern:
+    """From a ``### BEGIN ...`` line to its ``### END ...`` line; group 1 = the indentation."""
+    return re.compile(rf"^([ \t]*)### {begin}[^\n]*\n.*?^[ \t]*### {end}[^\n]*(\n|$)",
+                      re.S | re.M)
+
+
+_SOLUTION = _region("BEGIN SOLUTION", "END SOLUTION")
+_HIDDEN = _region("BEGIN HIDDEN TESTS", "END HIDDEN TESTS")
+
+
+def nbgrader_meta(cell) -> dict:
+    return cell.get("metadata", {}).get("nbgrader", {})
+
+
+def release_cell(cell):
+    """The learner's version of one instructor cell."""
+    cell = copy.deepcopy(cell)
+    meta = nbgrader_meta(cell)
+    if meta.get("solution"):
+        cell.source = _SOLUTION.sub(
+            lambda m: f"{m.group(1)}# YOUR CODE HERE\n{m.group(1)}raise NotImplementedError()"
+                      f"{m.group(2)}", cell.source)
+    if meta.get("grade"):
+        cell.source = _HIDDEN.sub("", cell.source).rstrip("\n")
+    if cell.cell_type == "code":
+        cell.outputs, cell.execution_count = [], None
+    return cell
+
+
+def release_notebook(source_nb):
+    nb = copy.deepcopy(source_nb)
+    nb.cells = [release_cell(c) for c in source_nb.cells]
+    return nb
+
+
+def release(source_dir: Path = SOURCE, out_dir: Path = LABS) -> list[Path]:
+    """Write ``out_dir/<name>.ipynb`` for every instructor notebook; return the paths."""
+    written = []
+    for src in sorted(Path(source_dir).glob("*.ipynb")):
+        nb = release_notebook(nbformat.read(src, as_version=4))
+        out = Path(out_dir) / src.name
+        nbformat.write(nb, out)
+        written.append(out)
+    return written
+
+
+def out_of_date(source_dir: Path = SOURCE, out_dir: Path = LABS) -> list[str]:
+    """Learner copies that differ from what ``release`` would write now (or are missing)."""
+    stale = []
+    for src in sorted(Path(source_dir).glob("*.ipynb")):
+        want = json.loads(nbformat.writes(release_notebook(nbformat.read(src, as_version=4))))
+        out = Path(out_dir) / src.name
+        if not out.exists() or json.loads(out.read_text()) != want:
+            stale.append(out.name)
+    return stale

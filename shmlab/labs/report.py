@@ -1,0 +1,129 @@
+"""One line per case, ✅ or ❌ with a hint, and an AssertionError if any case failed."""
+
+from __future__ import annotations
+
+import os
+import signal
+import traceback
+
+SHM_DIR = "/dev/shm"
+
+
+class Cases:
+    """Collects the cases of one exercise's check and reports them like a test runner would.
+
+    Use as a context manager: ``with Cases("Exercise 1") as c: c.check(ok, "what", hint=...)``.
+    An exception escaping the block (the learner's code raised) becomes a failed case with the
+    exception's last line, so a learner sees *which* case broke rather than a bare traceback.
+    """
+
+    def __init__(self, title: str):
+        self.title = title
+        self.failed: list[str] = []
+        self.passed = 0
+
+    def __enter__(self) -> Cases:
+        print(f"{self.title}")
+        self._shm_before = _shm_files()
+        return self
+
+    def check(self, ok: bool, what: str, hint: str = "") -> bool:
+        if ok:
+            self.passed += 1
+            print(f"  ✅ {what}")
+        else:
+            self.failed.append(what)
+            print(f"  ❌ {what}" + (f"\n     hint: {hint}" if hint else ""))
+        return bool(ok)
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if exc_type is NotImplementedError:
+            self.check(False, "not implemented yet", "fill in the cell above (replace the "
+                       "`raise NotImplementedError()` line) and run it, then run this cell again")
+        elif exc_type is not None and not issubclass(exc_type, AssertionError):
+            last = traceback.format_exception_only(exc_type, exc)[-1].strip()
+            self.check(False, f"your code raised {last}", "read the error, fix the cell above")
+        leaked = {n for n in _shm_files() - self._shm_before if _ours(n)}
+        for name in sorted(leaked):  # clean up after the learner's code, and say so
+            try:
+                os.unlink(os.path.join(SHM_DIR, name))
+            except FileNotFoundError:
+                pass
+        if leaked:
+            self.check(False, f"left {len(leaked)} file(s) in /dev/shm (removed now)",
+                       "every segment needs an owner that unlinks it on every path")
+        total = self.passed + len(self.failed)
+        print(f"  {self.passed}/{total} cases passed")
+        if self.failed:
+            raise AssertionError(f"{self.title}: {len(self.failed)} case(s) failed: "
+                                 + "; ".join(self.failed))
+        return exc_type is None
+
+
+def _shm_files() -> set[str]:
+    try:
+        return {n for n in os.listdir(SHM_DIR) if n.startswith(("shmlab_", "torch_", "psm_"))}
+    except FileNotFoundError:
+        return set()
+
+
+def _ours(name: str) -> bool:
+    """Was this segment made by this process or by one of its (now dead) children?
+
+    Names carry the creator's pid (``shmlab_<pid>_...``). A file whose creator is another
+    live process belongs to somebody else on this machine: never report or remove it.
+    """
+    parts = name.split("_")
+    if len(parts) < 2 or not parts[1].isdigit():
+        return False
+    pid = int(parts[1])
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True  # its creator is gone: a leak of ours (our children die before we look)
+    except PermissionError:
+        return False
+    return False
+
+
+def run_in_child(fn, *args, timeout: float = 30.0):
+    """Run ``fn(*args)`` in a fork child and return its result (or raise what it raised).
+
+    fork, because the learner's functions live in the notebook's ``__main__``, which spawn
+    cannot import. A child that hangs is killed after ``timeout`` seconds.
+    """
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    parent_end, child_end = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_child_main, args=(child_end, fn, args), daemon=True)
+    proc.start()
+    child_end.close()
+    try:
+        if not parent_end.poll(timeout):
+            raise TimeoutError(f"{getattr(fn, '__name__', fn)} did not finish in {timeout:.0f} s")
+        ok, value = parent_end.recv()
+    except EOFError:
+        raise RuntimeError("the child process died before answering") from None
+    finally:
+        parent_end.close()
+        if proc.is_alive():
+            os.kill(proc.pid, signal.SIGKILL)
+        proc.join(5)
+    if not ok:
+        raise value
+    return value
+
+
+def _child_main(conn, fn, args):
+    try:
+        conn.send((True, fn(*args)))
+    except BaseException as exc:  # noqa: BLE001 - hand every failure back to the parent
+        try:
+            conn.send((False, exc))  # the same type, so NotImplementedError stays itself
+        except Exception:  # noqa: BLE001 - an exception that cannot be pickled
+            conn.send((False, RuntimeError(f"{type(exc).__name__}: {exc}")))
+    finally:
+        conn.close()

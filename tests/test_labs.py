@@ -1,0 +1,214 @@
+"""The labs: nbgrader-format sources, released learner copies, hidden test cells and the grader."""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from shmlab.labs import grade, release
+
+SOURCES = sorted(release.SOURCE.glob("*.ipynb"))
+LAB_IDS = [p.stem for p in SOURCES]
+
+# One plausible wrong answer per lab: (solution grade_id, wrong code, the hint it must get).
+WRONG = {
+    "lab1_reducers": ("ex2_tensor_reducer", """
+def my_rebuild_tensor(storage, offset, shape, strides, dtype):
+    return shmlab.Tensor(storage, offset, shape, strides, dtype)
+
+
+def my_reduce_tensor(t):
+    # wrong: sends a copy of the data, not the storage
+    return (shmlab.from_numpy, (t.numpy().copy(),))
+""", "pass t.untyped_storage()"),
+    "lab2_file_descriptors": ("ex3_rebuild_cache", """
+def rebuild_storage_fd(fd, size, cache):
+    if fd in cache:  # wrong: the fd number names nothing for long
+        return cache[fd]
+    cache[fd] = shmlab.UntypedStorage._new_shared_fd_cpu(fd, size)
+    return cache[fd]
+""", "key the cache by os.fstat(fd)"),
+    "lab3_file_system_refcount": ("ex1_attach_close", """
+def attach(name, size):
+    fd = shm_open(name, os.O_RDWR, 0o600)
+    try:
+        write_count(fd, read_count(fd) + 1)
+        return mmap.mmap(fd, HEADER_SIZE + size)
+    finally:
+        os.close(fd)
+
+
+def close(name, mapping):
+    fd = shm_open(name, os.O_RDWR, 0o600)
+    try:
+        write_count(fd, read_count(fd) - 1)  # wrong: never unlinks, even at 0
+    finally:
+        os.close(fd)
+    mapping.close()
+""", "when your decrement brings the count to 0, shm_unlink(name)"),
+    "lab4_shm_manager": ("ex1_reclaim", """
+def reclaim(registered):
+    for name in registered:
+        if os.path.exists("/dev/shm/" + name):
+            os.unlink("/dev/shm/" + name)
+    return list(registered)  # wrong: claims names that were already gone
+""", "skip FileNotFoundError"),
+    "lab5_hogwild": ("ex1_worker", """
+import copy
+
+
+def train_worker(rank, world, model, data, epochs):
+    torch.set_num_threads(1)
+    model = copy.deepcopy(model)  # wrong: trains a private copy
+    x, y = data.x_train[rank::world], data.y_train[rank::world]
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.5)
+    for _ in range(epochs):
+        for i in range(0, len(x), 32):
+            optimizer.zero_grad()
+            F.cross_entropy(model(x[i:i + 32]), y[i:i + 32]).backward()
+            optimizer.step()
+""", "don't copy the model"),
+}
+
+
+def _meta(cell) -> dict:
+    return cell.metadata.get("nbgrader", {})
+
+
+def _with_answer(lab: str, grade_id: str, code: str, tmp_path: Path) -> Path:
+    """The instructor notebook with one answer replaced, saved as a learner would."""
+    nb = nbformat.read(release.SOURCE / f"{lab}.ipynb", as_version=4)
+    for cell in nb.cells:
+        if _meta(cell).get("grade_id") == grade_id:
+            cell.source = code.strip()
+    out = tmp_path / f"{lab}.ipynb"
+    nbformat.write(nb, out)
+    return out
+
+
+def test_every_lab_is_here():
+    assert LAB_IDS == ["lab1_reducers", "lab2_file_descriptors", "lab3_file_system_refcount",
+                       "lab4_shm_manager", "lab5_hogwild"]
+
+
+def test_learner_copies_are_up_to_date():
+    stale = release.out_of_date()
+    assert not stale, f"run `python -m shmlab.labs release`: {stale} are out of date"
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=LAB_IDS)
+def test_nbgrader_metadata_is_valid(path):
+    nb = nbformat.read(path, as_version=4)
+    nbformat.validate(nb)
+    ids = [_meta(c)["grade_id"] for c in nb.cells if _meta(c)]
+    assert len(ids) == len(set(ids)), "grade_ids must be unique"
+    graded = [c for c in nb.cells if _meta(c).get("grade")]
+    assert 3 <= len(graded) <= 6, "each lab has 3-6 exercises"
+    for cell in nb.cells:
+        m = _meta(cell)
+        if not m:
+            continue
+        assert m["schema_version"] == 3
+        if m.get("grade"):
+            assert cell.cell_type == "code" and m["points"] > 0 and m["locked"]
+            assert cell.metadata["jupyter"]["source_hidden"] is True
+            assert "hidden-test" in cell.metadata["tags"]
+        if m.get("solution"):
+            assert not m["locked"] and "### BEGIN SOLUTION" in cell.source
+    text = "".join(c.source for c in nb.cells if c.cell_type == "markdown")
+    assert "**Goals.**" in text and "**Time.**" in text and "notebook `0" in text
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=LAB_IDS)
+def test_released_copy_hides_solutions_and_grader_only_tests(path):
+    learner = nbformat.read(release.LABS / path.name, as_version=4)
+    text = "\n".join(c.source for c in learner.cells)
+    assert "BEGIN SOLUTION" not in text and "HIDDEN TESTS" not in text
+    assert text.count("raise NotImplementedError()") >= 1
+    assert all(not c.get("outputs") for c in learner.cells if c.cell_type == "code")
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("path", SOURCES, ids=LAB_IDS)
+def test_instructor_copy_scores_full_marks(path):
+    result = grade.grade(path)
+    assert result.score == result.max_score > 0, [e for e in result.exercises if e.error]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("path", SOURCES, ids=LAB_IDS)
+def test_learner_copy_fails_every_exercise_and_scores_zero(path):
+    result = grade.grade(release.LABS / path.name)
+    assert result.score == 0 and len(result.exercises) >= 3
+    for e in result.exercises:
+        assert "not implemented yet" in e.output, (e.grade_id, e.output, e.error)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("lab", LAB_IDS)
+def test_a_plausible_wrong_answer_gets_partial_marks_and_the_right_hint(lab, tmp_path):
+    grade_id, code, hint = WRONG[lab]
+    result = grade.grade(_with_answer(lab, grade_id, code, tmp_path))
+    assert 0 < result.score < result.max_score
+    failed = {e.grade_id: e for e in result.exercises if e.score < e.points}
+    # The exercise answered wrongly fails with the hint that teaches the fix (later exercises
+    # that build on the same function may fail too; earlier ones still score).
+    target = failed[f"test_{grade_id}"]
+    assert hint in target.output, target.output
+
+
+@pytest.mark.timeout(300)
+def test_edited_or_deleted_test_cells_are_restored(tmp_path):
+    lab = "lab2_file_descriptors"
+    wrong = WRONG[lab][1]
+    path = _with_answer(lab, "ex3_rebuild_cache", wrong, tmp_path)
+    nb = nbformat.read(path, as_version=4)
+    for cell in nb.cells:
+        if _meta(cell).get("grade_id") == "test_ex3_rebuild_cache":
+            cell.source = "print('all good')"  # a learner 'fixes' the test
+    nb.cells = [c for c in nb.cells if _meta(c).get("grade_id") != "test_ex1_unlinked_segment"]
+    nbformat.write(nb, path)
+    result = grade.grade(path)
+    by_id = {e.grade_id: e for e in result.exercises}
+    assert set(by_id) == {"test_ex1_unlinked_segment", "test_ex2_fd_passing",
+                          "test_ex3_rebuild_cache"}
+    assert by_id["test_ex1_unlinked_segment"].score == 2  # deleted, restored, and it passes
+    assert by_id["test_ex3_rebuild_cache"].score == 0  # the edit did not help
+
+
+def test_merge_keeps_learner_helper_cells_and_ignores_relabelling():
+    source = nbformat.read(release.SOURCE / "lab1_reducers.ipynb", as_version=4)
+    learner = copy.deepcopy(source)
+    idx = next(i for i, c in enumerate(learner.cells)
+               if _meta(c).get("grade_id") == "ex3_pickle_size")
+    learner.cells.insert(idx + 1, nbformat.v4.new_code_cell("helper = 1"))
+    learner.cells[idx].metadata["nbgrader"]["points"] = 100  # relabelled: ignored
+    merged = grade.merge(source, learner)
+    assert any(c.source == "helper = 1" for c in merged.cells)
+    assert all(_meta(c).get("points", 0) < 100 for c in merged.cells)
+
+
+@pytest.mark.timeout(300)
+def test_cli_grade_json_and_exit_status():
+    learner = release.LABS / "lab1_reducers.ipynb"
+    out = subprocess.run([sys.executable, "-m", "shmlab.labs", "grade", "--json", str(learner)],
+                         capture_output=True, text=True, timeout=240)
+    assert out.returncode == 1
+    (row,) = json.loads(out.stdout)
+    assert row["score"] == 0 and row["max_score"] == 6
+    check = subprocess.run([sys.executable, "-m", "shmlab.labs", "release", "--check"],
+                           capture_output=True, text=True, timeout=60)
+    assert check.returncode == 0, check.stdout
+
+
+def test_grading_an_unknown_notebook_says_what_to_do(tmp_path):
+    stray = tmp_path / "my_notes.ipynb"
+    nbformat.write(nbformat.v4.new_notebook(), stray)
+    with pytest.raises(FileNotFoundError, match="named like one in"):
+        grade.grade(stray)
