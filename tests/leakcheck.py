@@ -26,11 +26,31 @@ MANAGER_MARKERS = ("torch_shm_manager", "shmlab.manager")
 GRACE_S = float(os.environ.get("SHMLAB_LEAKCHECK_GRACE", "6"))
 
 
+def _family() -> set[int]:
+    me = psutil.Process()
+    return {me.pid} | {c.pid for c in me.children(recursive=True)}
+
+
+def _foreign(pid: int | None, family: set[int]) -> bool:
+    """A live process outside this test process's family: another program's, not a leak of ours.
+
+    (A dead creator's file or an orphaned manager re-parented to init stays suspect.)
+    """
+    return pid is not None and pid > 1 and pid not in family and psutil.pid_exists(pid)
+
+
+def _creator(name: str) -> int | None:
+    parts = name.split("_")
+    return int(parts[1]) if len(parts) > 2 and parts[1].isdigit() else None
+
+
 def shm_files() -> set[str]:
     try:
-        return {n for n in os.listdir(SHM_DIR) if n.startswith(SHM_PREFIXES)}
+        names = {n for n in os.listdir(SHM_DIR) if n.startswith(SHM_PREFIXES)}
     except FileNotFoundError:
         return set()
+    family = _family()
+    return {n for n in names if not _foreign(_creator(n), family)}
 
 
 def _is_manager(proc: psutil.Process) -> bool:
@@ -43,10 +63,12 @@ def _is_manager(proc: psutil.Process) -> bool:
 
 def manager_pids() -> set[int]:
     uid = os.getuid()
+    family = _family()
     found = set()
     for proc in psutil.process_iter(["uids"]):
         try:
-            if proc.info["uids"] and proc.info["uids"].real == uid and _is_manager(proc):
+            if (proc.info["uids"] and proc.info["uids"].real == uid and _is_manager(proc)
+                    and not _foreign(proc.ppid(), family)):
                 found.add(proc.pid)
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
