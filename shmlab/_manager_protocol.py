@@ -1,0 +1,79 @@
+"""Check what the shm manager hears: request lines, segment names, command-line options.
+
+Mirrors: the AllocInfo checks of torch/lib/libshm (socket.h, core.cpp), as a text protocol.
+
+Shared by the daemon (`shmlab.manager`) and its client (`shmlab._manager_client`), so both
+refuse the same names for the same reason. Everything here is a pure function of its input,
+except `segment_exists`, which looks at /dev/shm.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import stat
+
+SHM_DIR = "/dev/shm"
+MAX_LINE = 4096  # bytes; a longer line is refused and its sender dropped
+DEFAULT_GRACE_S = 2.0  # torch: SHUTDOWN_TIMEOUT = 2000 ms
+DEFAULT_MAX_CLIENTS = 1024
+# Our own names only: no "/" and no "." at all, so "..", "/etc/passwd" and "torch_*" never match.
+# POSIX shm names start with one "/" (shm_open's convention); we accept it and drop it.
+_NAME_RE = re.compile(r"/?(shmlab_[A-Za-z0-9_-]{1,120})")
+
+
+def parse_name(raw: str) -> str:
+    """Return the bare /dev/shm file name for a segment name, or raise ValueError saying why."""
+    match = _NAME_RE.fullmatch(raw)
+    if match is None:
+        raise ValueError(f"{raw[:80]!r} is not a shmlab segment name (shmlab_<pid>_<rand>_<n>)")
+    return match.group(1)
+
+
+def parse_request(line: bytes) -> tuple[str, int | None, str | None]:
+    """b"REGISTER 12 shmlab_12_7_0" -> ("REGISTER", 12, "shmlab_12_7_0"); ValueError if bad.
+
+    STATUS and WATCH take no arguments: ("STATUS", None, None).
+    """
+    parts = line.decode("ascii", "replace").split()  # undecodable bytes cannot match below
+    cmd = parts[0] if parts else ""
+    if cmd in ("REGISTER", "FREE"):
+        if len(parts) != 3 or not parts[1].isdigit():
+            raise ValueError(f"usage: {cmd} <pid> <name>")
+        return cmd, int(parts[1]), parse_name(parts[2])
+    if cmd in ("STATUS", "WATCH") and len(parts) == 1:
+        return cmd, None, None
+    raise ValueError(f"unknown command {line[:40]!r} (REGISTER, FREE, STATUS or WATCH)")
+
+
+def segment_exists(name: str) -> bool:
+    """Is /dev/shm/<name> a regular file of ours? torch asks shm_open(O_RDONLY); lstat opens
+    nothing, so a FIFO or a symlink planted under our prefix cannot block or redirect us."""
+    try:
+        st = os.lstat(os.path.join(SHM_DIR, name))
+    except OSError:
+        return False
+    return stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid()
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # raise instead of exiting: the daemon says "ERROR: ..." instead
+        raise ValueError(message)
+
+
+def parse_options(argv: list[str]) -> argparse.Namespace:
+    """The daemon's options: --grace (or $SHMLAB_MANAGER_GRACE) and --max-clients."""
+    parser = _Parser(prog="python -m shmlab.manager",
+                     description="The shm manager daemon (see shmlab/manager.py).")
+    parser.add_argument("--grace", type=float,
+                        default=os.environ.get("SHMLAB_MANAGER_GRACE", DEFAULT_GRACE_S),
+                        help="seconds to wait after the last client leaves "
+                             "(default: $SHMLAB_MANAGER_GRACE or 2)")
+    parser.add_argument("--max-clients", type=int, default=DEFAULT_MAX_CLIENTS,
+                        help="connections served at once; more are refused (default 1024)")
+    args = parser.parse_args(argv)
+    if not args.grace >= 0 or not args.max_clients >= 1:  # `not >=` also rejects NaN
+        raise ValueError("--grace (or SHMLAB_MANAGER_GRACE) must be a number of seconds >= 0 "
+                         "and --max-clients >= 1")
+    return args
