@@ -78,7 +78,8 @@ class Manager:
     def event(self, kind: str, pid: int | None = None, name=None, reason=None) -> None:
         line = json.dumps({"t": time.time(), "event": kind, "pid": pid, "name": name,
                            "reason": reason})
-        self.log.write(line + "\n")
+        with contextlib.suppress(OSError):  # a full TMPDIR must not stop the cleaner
+            self.log.write(line + "\n")
         for conn in [c for c in self.conns.values() if c.kind == "observer"]:
             self.send(conn, line)
 
@@ -228,7 +229,8 @@ class Manager:
         for sock in self.conns:
             sock.close()
         self.server.close()
-        self.log.close()
+        with contextlib.suppress(OSError):
+            self.log.close()
         shutil.rmtree(self.dir, ignore_errors=True)
 
 

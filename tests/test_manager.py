@@ -429,6 +429,16 @@ def test_bad_options_answer_on_the_handshake_line(fresh_client, monkeypatch):
         mc.get_client()
 
 
+@pytest.mark.timeout(20)
+def test_a_socket_path_too_long_is_an_error_line_and_leaves_no_directory(tmp_path):
+    deep = tmp_path / ("d" * 100)  # AF_UNIX paths stop at 107 bytes
+    deep.mkdir()
+    out = subprocess.run([sys.executable, "-m", "shmlab.manager"], capture_output=True,
+                         text=True, timeout=10, env=dict(os.environ, TMPDIR=str(deep)))
+    assert out.returncode == 1 and out.stdout.startswith("ERROR: "), out.stdout
+    assert list(deep.iterdir()) == []  # the half-made private directory was removed
+
+
 # -- the client ---------------------------------------------------------------------------------
 @pytest.mark.timeout(20)
 def test_client_starts_lazily_and_fork_children_open_their_own_connection(fresh_client,
@@ -473,7 +483,7 @@ def test_registration_times_out_after_one_second_when_the_manager_stalls(fresh_c
         start = time.monotonic()
         with pytest.raises(mc.ManagerError, match="not answering.*reset"):
             client.register(segment())
-        assert time.monotonic() - start < 3
+        assert time.monotonic() - start < 10  # loose on purpose: "gave up", not "hung"
     finally:
         os.kill(pid, signal.SIGCONT)
     assert client.closed  # a late OK must not be taken as the answer to the next request
