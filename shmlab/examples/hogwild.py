@@ -17,6 +17,7 @@ one live curve per process (pass `on_metric`).
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import queue as queue_mod
 import time
@@ -121,7 +122,7 @@ def run_hogwild(processes=4, epochs=10, target_accuracy=0.95, start_method=None,
     ctx = mp.get_context(start_method)  # None: torch's default (fork on Linux before 3.14)
     # Creating an optimizer imports torch._dynamo (~3 s). Import it once here: forked workers
     # inherit it instead of each importing it again, on a machine with maybe 2 cores.
-    import torch._dynamo  # noqa: F401
+    importlib.import_module("torch._dynamo")
     q, start, stop = ctx.Queue(), ctx.Event(), ctx.Event()
     procs = [ctx.Process(target=_worker, args=(r, model, data, cfg, processes, q, start, stop),
                          daemon=True, name=f"hogwild-{r}") for r in range(processes)]
