@@ -191,13 +191,15 @@ def main(argv=None):
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--batch-size", type=int, default=32, help="global batch, all processes")
     p.add_argument("--stop-at-target", action="store_true")
+    p.add_argument("--start-method", choices=mp.get_all_start_methods(), default="spawn",
+                   help="how run_ddp starts its processes (ignored under torchrun)")
     a = p.parse_args(argv)
     cfg = TrainConfig(epochs=a.epochs, target_accuracy=a.target, lr=a.lr,
                       batch_size=a.batch_size, stop_at_target=a.stop_at_target)
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # started by torchrun
         _torchrun_main(cfg)
     else:
-        result = run_ddp(a.nprocs, progress=True, **{k: v for k, v in vars(cfg).items()})
+        result = run_ddp(a.nprocs, progress=True, start_method=a.start_method, **vars(cfg))
         print(result.summary())
 
 
