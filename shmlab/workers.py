@@ -131,3 +131,61 @@ def echo(inq, outq):
             return
         outq.put(item)
         del item  # hold nothing between round trips
+
+
+# -- live widgets: fd monitor and leak-cleanup scenarios (shmlab.widgets, 09_live_dashboard) --
+
+
+def open_shared_fds(lib: str, n: int, go, opened, release):
+    """Wait for ``go``, then hold ``n`` tensors shared with file_descriptor (one fd each), set
+    ``opened``, and keep them until ``release``: an fd monitor sees the count rise, then fall."""
+    tlib, mp = load(lib)
+    mp.set_sharing_strategy("file_descriptor")
+    go.wait(60)
+    held = [tlib.zeros(256).share_memory_() for _ in range(n)]
+    opened.set()
+    release.wait(120)
+    del held
+
+
+def hold_received(lib: str, inq, n: int, ready):
+    """Receive ``n`` tensors and hold them until a ``None`` arrives (or someone SIGKILLs us).
+
+    We wait on the queue, not on an Event: a process killed while waiting on a
+    multiprocessing Event leaves its Condition expecting a wake-up, and the next ``set()``
+    would block forever.
+    """
+    load(lib)
+    held = [inq.get(timeout=60) for _ in range(n)]
+    ready.set()
+    inq.get()
+    del held
+
+
+def share_with_receiver(lib: str, n: int, nbytes: int, info, release):
+    """The leak scenario's sender: share ``n`` file_system tensors of ``nbytes`` with a receiver
+    child, put ``{"sender", "receiver"}`` pids on ``info`` once it holds them all, then wait
+    until ``release`` is set (we tell the receiver to let go, and both exit cleanly) or the
+    receiver dies. If it was SIGKILLed, its refcounts never come back: when we exit, every
+    segment stays at refcount >= 1 with a dead creator (us), a leak the manager reclaims.
+    """
+    tlib, mp = load(lib)
+    mp.set_sharing_strategy("file_system")
+    # Fork the receiver *before* our first file_system tensor: the child must not inherit our
+    # connection to the manager (torch's libshm would share the socket with it).
+    ctx = mp.get_context("fork")
+    inq, ready = ctx.Queue(), ctx.Event()
+    receiver = ctx.Process(target=hold_received, args=(lib, inq, n, ready))
+    receiver.start()
+    held = [tlib.zeros(max(1, nbytes // 4)) for _ in range(n)]
+    for t in held:
+        inq.put(t)
+    if not ready.wait(120):
+        receiver.kill()
+    info.put({"sender": os.getpid(), "receiver": receiver.pid})
+    while receiver.is_alive():
+        if release.wait(0.05):
+            inq.put(None)
+            break
+    receiver.join()
+    del held

@@ -1,0 +1,81 @@
+"""ShmFiles: a live table of the torch_/shmlab_/psm_ files in /dev/shm.
+
+One row per segment: name, owner, size, creator pid, alive/LEAKED, refcount (file_system
+segments: the int32 in their 64-byte header) and age. A segment whose creator has died while
+the file is still there is leaked: its row carries the CSS class ``shmlab-leaked``.
+"""
+
+from __future__ import annotations
+
+import html
+
+import ipywidgets as W
+
+from .. import introspect
+from ._live import CSS, DEFAULT_HZ, LiveView, table, text_table
+
+MAX_ROWS = 100  # a table of thousands of rows would cost the browser more than it tells
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def _state(seg: introspect.ShmSegment) -> str:
+    return {True: "LEAKED", False: "alive", None: "?"}[seg.leaked]
+
+
+def _cells(seg: introspect.ShmSegment) -> list:
+    rc = "" if seg.refcount is None else seg.refcount
+    pid = "" if seg.creator_pid is None else seg.creator_pid
+    return [seg.name, seg.owner, _size(seg.size), pid, _state(seg), rc, f"{seg.age_s:.1f} s"]
+
+
+HEAD = ["name", "owner", "size", "creator", "state", "refcount", "age"]
+
+
+class ShmFiles(LiveView, W.VBox):
+    """Live table of shared-memory segments (``files.rows`` holds the ShmSegments shown)."""
+
+    def __init__(self, hz: float = DEFAULT_HZ, history: int = 2000, autostart: bool = True):
+        self.summary, self.table = W.HTML(""), W.HTML("")
+        self.summary.add_class("shmlab-shm-summary")
+        self.table.add_class("shmlab-shm-table")
+        super().__init__([self.summary, self.table])
+        self.rows: list[introspect.ShmSegment] = []
+        self._init_live("shmlab-shm-files", hz, autostart, history)
+        self.children = (self.summary, self.table, self.log_line)
+
+    @property
+    def leaked(self) -> list[introspect.ShmSegment]:
+        return [s for s in self.rows if s.leaked]
+
+    def update(self, snap: introspect.Snapshot) -> None:
+        self.rows = list(snap.segments)
+        total = sum(s.size for s in self.rows)
+        self.history.append((snap.time, len(self.rows), len(self.leaked), total))
+        lim = snap.limits
+        self.summary.value = CSS + (
+            f'<b><span class="shmlab-shm-count">{len(self.rows)}</span> segments in /dev/shm</b>'
+            f' &middot; <span class="shmlab-shm-leaked-count">{len(self.leaked)}</span> leaked'
+            f" &middot; {_size(total)} used &middot; {_size(lim.shm_free)} free of "
+            f"{_size(lim.shm_total)}")
+        shown = sorted(self.rows, key=lambda s: (not s.leaked, s.name))[:MAX_ROWS]
+        rows = [[html.escape(str(c)) for c in _cells(s)] for s in shown]
+        for r in rows:
+            r[4] = f'<span class="shmlab-state">{r[4]}</span>'
+        classes = ["shmlab-leaked" if s.leaked else "shmlab-segment" for s in shown]
+        more = len(self.rows) - len(shown)
+        self.table.value = CSS + (
+            table(HEAD, rows, classes) if self.rows else
+            '<div class="shmlab-muted">no torch_/shmlab_/psm_ files in /dev/shm</div>'
+        ) + (f'<div class="shmlab-muted">... and {more} more</div>' if more > 0 else "")
+
+    def render_text(self) -> str:
+        head = f"/dev/shm: {len(self.rows)} segments, {len(self.leaked)} leaked"
+        return head + ("\n" + text_table(HEAD, [_cells(s) for s in self.rows]) if self.rows
+                       else "")
