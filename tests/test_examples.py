@@ -69,9 +69,13 @@ def test_hogwild_children_update_the_parents_parameters(digits):
 @pytest.mark.timeout(120)
 def test_hogwild_runs_under_spawn_and_stops_at_target(digits):
     # Under spawn a child imports the worker by name: this is why it lives in the package.
+    model = make_model()
     r = hogwild.run_hogwild(2, epochs=20, target_accuracy=TARGET, start_method="spawn",
-                            data=digits, stop_at_target=True, timeout=100)
+                            model=model, data=digits, stop_at_target=True, timeout=100)
     assert r.time_to_target is not None
+    # A spawned child maps the parent's files (received as fds), at other addresses.
+    mine = [mapped_file(p) for p in model.parameters()]
+    assert all(w["mapped_files"] == mine for w in r.workers.values())
     assert r.samples < 20 * len(digits.x_train)  # stopped early
 
 
