@@ -189,3 +189,51 @@ def share_with_receiver(lib: str, n: int, nbytes: int, info, release):
             break
     receiver.join()
     del held
+
+
+# --- notebooks 01 (what is torch.multiprocessing) and 02 (the sharing-strategy API) --------
+
+
+def share_both_ways(arg_t, inq, done, go, results, value: float = 1.0):
+    """Receive a tensor as a Process argument and one from a Queue; report whether each
+    arrived in shared memory; write ``value`` at [0] of each, signal ``done``, wait for
+    ``go``, then report [1] of each (which the parent wrote meanwhile).
+    """
+    got = {"args": arg_t, "queue": inq.get(timeout=60)}
+    arrived_shared = {k: bool(t.is_shared()) for k, t in got.items()}
+    for t in got.values():
+        t.numpy().reshape(-1)[0] = value  # the parent reads this at [0]
+    done.set()
+    go.wait(60)
+    results.put({
+        "is_shared": arrived_shared,
+        "seen": {k: float(t.numpy().reshape(-1)[1]) for k, t in got.items()},
+    })
+
+
+def report_strategy(lib: str, results):
+    """Report (lib, pid, this process's sharing strategy): fork children inherit the
+    parent's choice with its memory; spawn and forkserver children import the module fresh.
+    """
+    _, mp = load(lib)
+    results.put((lib, os.getpid(), mp.get_sharing_strategy()))
+
+
+def parent_with_sleeping_child(lib: str, method: str | None = None, seconds: float = 60.0):
+    """Be the *parent* in the abrupt-exit demo: start one daemonic child that sleeps for
+    ``seconds``, print its pid, and wait. Run it as its own process and SIGKILL it:
+
+        python -c "from shmlab.workers import parent_with_sleeping_child as p; p('torch')"
+
+    A normal exit would terminate the daemonic child (multiprocessing's atexit handler);
+    SIGKILL runs no handler, so the child lives on as an orphan. ``seconds`` bounds how
+    long a forgotten orphan can outlive the demo.
+    """
+    import time
+
+    _, mp = load(lib)
+    child = mp.get_context(method).Process(target=time.sleep, args=(seconds,), daemon=True)
+    child.start()
+    print(child.pid, flush=True)
+    child.join()
+
