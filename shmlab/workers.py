@@ -237,3 +237,160 @@ def parent_with_sleeping_child(lib: str, method: str | None = None, seconds: flo
     print(child.pid, flush=True)
     child.join()
 
+
+# --- A steerable child: notebooks 04 and 05 ------------------------------------------------
+#
+# Note [Why one long-lived actor instead of one worker per step]
+# A notebook step wants to stop *between* two actions of a child (after it made a tensor,
+# before it sends it) and look at /dev/shm, /proc/<pid>/fd and the refcount header. A child
+# that runs one command at a time and answers each one gives those pauses. It also keeps
+# the notebook fast under `spawn`: every spawned child imports torch again (seconds), so a
+# notebook starts a few actors once and reuses them for every step.
+
+
+def _shm_links() -> list[dict]:
+    """This process's fds on /dev/shm: number, link text, and the inode they point at."""
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            link = os.readlink(f"/proc/self/fd/{fd}")
+            if link.startswith("/dev/shm/"):
+                st = os.stat(int(fd))
+                found.append({"fd": int(fd), "link": link, "ino": st.st_ino, "dev": st.st_dev})
+        except OSError:  # the fd listing itself, closed meanwhile
+            pass
+    return sorted(found, key=lambda d: d["fd"])
+
+
+def _handle(t, strategy: str) -> dict:
+    """Where a shared tensor's bytes live; under file_system also its segment name.
+
+    Only asked under file_system: ``_share_filename_cpu_()`` on an fd-shared storage would
+    move it into a new named segment, which is not a question but a change.
+    """
+    s = t.untyped_storage()
+    info = {"data_ptr": s.data_ptr(), "nbytes": s.nbytes(), "first": float(t.numpy()[0]),
+            "name": None}
+    if strategy == "file_system":  # (manager socket, b"/torch_..." or b"/shmlab_...", nbytes)
+        manager, name, size = s._share_filename_cpu_()
+        info.update(manager=manager, name=name.decode().lstrip("/"), size=size)
+    return info
+
+
+def actor(lib: str, conn, dataq):
+    """Hold tensors in a child process and run one command at a time from ``conn``.
+
+    Each command is a tuple ``(name, *args)`` and gets one reply: ``("ok", result)`` or
+    ``("error", type name, message)``. Tensors travel only on ``dataq`` (a Queue of the
+    same multiprocessing context), never on ``conn``. Commands:
+
+      strategy NAME            set this process's sharing strategy; returns it
+      nofile SOFT|None         set RLIMIT_NOFILE's soft limit (None: back to the original)
+      make KEY COUNT NUMEL     COUNT new float32 tensors, the i-th full of i, moved to
+                               shared memory with this process's strategy, and kept
+      send KEY TIMES           put each tensor of KEY on dataq, TIMES times over
+      recv KEY COUNT           take COUNT tensors off dataq and keep them; stops at the first
+                               error and returns {"received", "error"}
+      drop KEY                 forget the tensors of KEY (freed at once)
+      handle KEY               where the first tensor of KEY lives (see _handle)
+      attach KEY MANAGER NAME SIZE   map a file_system segment by its name alone
+      ptrs KEY                 the data pointer of each tensor of KEY
+      write KEY VALUE          write VALUE at [0] of the first tensor of KEY
+      fds                      {"total", "shm", "links", "recvfds_calls"}
+      exit                     reply, then return
+    """
+    import multiprocessing
+    from multiprocessing import reduction
+
+    tlib, mp = load(lib)
+    held: dict[str, list] = {}
+    original_nofile = resource.getrlimit(resource.RLIMIT_NOFILE)
+    received = {"calls": 0}
+    real_recvfds = reduction.recvfds
+
+    def counting_recvfds(sock, size):  # every fd that arrives over SCM_RIGHTS passes here
+        received["calls"] += 1
+        return real_recvfds(sock, size)
+
+    reduction.recvfds = counting_recvfds
+
+    def recv(key, count):
+        got, error = held.setdefault(key, []), None
+        try:
+            for _ in range(count):
+                got.append(dataq.get(timeout=60))
+        except Exception as exc:  # noqa: BLE001 - the point is to report what stopped us
+            error = (type(exc).__name__, str(exc))
+        return {"received": len(got), "error": error}
+
+    def nofile(soft):
+        soft = original_nofile[0] if soft is None else soft
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, original_nofile[1]))
+        return resource.getrlimit(resource.RLIMIT_NOFILE)
+
+    def make(key, count, numel):
+        import numpy as np
+
+        ts = [tlib.from_numpy(np.full(numel, float(i), np.float32)) for i in range(count)]
+        held[key] = [t.share_memory_() for t in ts]
+        return _handle(held[key][0], mp.get_sharing_strategy())
+
+    def send(key, times=1):
+        for _ in range(times):
+            for t in held[key]:
+                dataq.put(t)
+        return len(held[key]) * times
+
+    def drop(key):  # tensors hold no cycles: the last reference going frees them at once
+        held.pop(key, None)  # (no gc.collect(): with torch loaded it takes ~0.4 s)
+        return sorted(held)
+
+    def attach(key, manager, name, size):
+        import numpy as np
+
+        storage = tlib.UntypedStorage._new_shared_filename_cpu(manager, name, size)
+        if lib == "torch":  # a float32 tensor over the whole storage, as the sender made it
+            t = tlib.empty(0, dtype=tlib.float32).set_(storage)
+        else:
+            t = tlib.Tensor(storage, 0, (size // 4,), (1,), np.dtype("float32"))
+        held[key] = [t]
+        return {"data_ptr": storage.data_ptr(), "nbytes": storage.nbytes()}
+
+    def ptrs(key):  # one data pointer per tensor held: equal pointers = one shared storage
+        return [t.untyped_storage().data_ptr() for t in held[key]]
+
+    def write(key, value):
+        held[key][0].numpy().reshape(-1)[0] = value
+        return value
+
+    def fds():
+        links = _shm_links()
+        return {"total": fd_count(), "shm": len(links), "links": links,
+                "recvfds_calls": received["calls"]}
+
+    commands = {
+        "strategy": lambda name: (mp.set_sharing_strategy(name), mp.get_sharing_strategy())[1],
+        "nofile": nofile, "make": make, "send": send, "recv": recv, "drop": drop,
+        "handle": lambda key: _handle(held[key][0], mp.get_sharing_strategy()),
+        "attach": attach, "ptrs": ptrs, "write": write, "fds": fds, "exit": lambda: None,
+    }
+    parent = multiprocessing.parent_process()
+    while True:
+        try:
+            # A fork child holds a copy of the notebook's end of the pipe too, so EOF alone
+            # cannot tell us the notebook died: look at the parent once a second as well.
+            while not conn.poll(1.0):
+                if parent is not None and not parent.is_alive():
+                    return
+            name, *args = conn.recv()
+        except EOFError:  # the notebook went away: nothing left to answer
+            return
+        try:
+            reply = ("ok", commands[name](*args))
+        except Exception as exc:  # noqa: BLE001 - report it; the notebook decides
+            reply = ("error", type(exc).__name__, str(exc))
+        conn.send(reply)
+        if name == "exit":
+            held.clear()
+            gc.collect()
+            return
