@@ -394,3 +394,226 @@ def actor(lib: str, conn, dataq):
             held.clear()
             gc.collect()
             return
+
+
+# --- notebook 03 (start methods, CUDA sharing and its CPU model) ---------------------------
+
+
+def report_start(results):
+    """Report what this child got from its parent: pid, ppid, whether torch is already
+    imported here, and a mark the parent set on this module at run time (fork copies the
+    parent's memory, so it is there; spawn and forkserver children import the module fresh).
+    """
+    import sys
+
+    results.put({"pid": os.getpid(), "ppid": os.getppid(),
+                 "torch imported": "torch" in sys.modules,
+                 "parent's run-time mark": globals().get("PARENT_MARK")})
+
+
+def ipc_model_consumer(conn):
+    """The consumer of ``shmlab.cuda_ipc_model``: one command per message on ``conn``, one
+    reply each (``("ok", result)`` or ``("error", type name, message)``). Blocks arrive
+    pickled in the message itself (``Block.__reduce__`` shares them) or as an ``IpcHandle``.
+
+      recv KEY BLOCK|HANDLE  keep it as KEY; reply its handle, offset and first 4 float32
+      write KEY VALUE        fill it with VALUE (the producer sees it)
+      read KEY               its first 4 float32
+      free KEY               release it (the producer's counter goes to 0)
+      resend KEY             pickle it again, as if sending it on (raises, as in torch)
+      exit                   release everything and return
+    """
+    from multiprocessing.reduction import ForkingPickler
+
+    import numpy as np
+
+    from shmlab import cuda_ipc_model as model
+
+    held = {}
+    try:
+        while True:
+            op, *args = conn.recv()
+            try:
+                if op == "exit":
+                    conn.send(("ok", None))
+                    return
+                if op == "recv":
+                    key, got = args
+                    b = got if isinstance(got, model.Block) else model.rebuild_block(*got)
+                    held[key] = b
+                    result = (b.handle, b.offset, b.numpy(np.float32)[:4].tolist())
+                elif op == "write":
+                    held[args[0]].numpy(np.float32)[:] = args[1]
+                    result = None
+                elif op == "read":
+                    result = held[args[0]].numpy(np.float32)[:4].tolist()
+                elif op == "free":
+                    result = held.pop(args[0]).free()
+                elif op == "resend":
+                    result = bytes(ForkingPickler.dumps(held[args[0]]))
+                else:
+                    raise ValueError(f"unknown command {op!r}")
+                conn.send(("ok", result))
+            except Exception as exc:  # noqa: BLE001 - reported to the parent, who decides
+                conn.send(("error", type(exc).__name__, str(exc)))
+    finally:
+        held.clear()
+        model.shutdown()  # fork/forkserver children leave with os._exit: no atexit
+
+
+def cuda_consumer(inq, outq, release):
+    """Real CUDA (tests/test_cuda.py, notebook 03 on a GPU): receive a CUDA tensor, report
+    its device and the IPC fields it arrived with, add 1 in place (the producer sees it),
+    then hold it until ``release`` is set, report its sum again and drop it.
+    """
+    import torch
+
+    t = inq.get(timeout=120)
+    t += 1
+    torch.cuda.synchronize()
+    outq.put({"device": str(t.device), "sum": float(t.sum()), "ptr": t.data_ptr()})
+    release.wait(120)
+    outq.put({"sum": float(t.sum())})  # still ours even if the producer dropped its tensor
+    del t
+    torch.cuda.synchronize()
+    outq.put("released")
+
+
+def cuda_resend(inq, outq):
+    """Real CUDA: try to send a received CUDA tensor on; report the error message."""
+    from multiprocessing.reduction import ForkingPickler
+
+    t = inq.get(timeout=120)
+    try:
+        ForkingPickler.dumps(t)
+        outq.put("sent")
+    except RuntimeError as exc:
+        outq.put(str(exc))
+    del t
+
+
+def cuda_in_fork_child(results):
+    """Real CUDA, fork start method: touch CUDA in a child forked after the parent did."""
+    import torch
+
+    try:
+        torch.zeros(1, device="cuda")
+        results.put("ok")
+    except RuntimeError as exc:
+        results.put(str(exc))
+
+
+def produce_then_exit(lib: str, outq, got, values):
+    """Notebook 03, CPU tensors: make a tensor of ``values``, send it on ``outq``, wait until
+    the consumer says it ``got`` it, drop our reference and exit. On CPU the consumer's
+    tensor stays valid: its own fd (or name) keeps the shared memory alive.
+    """
+    t = new_tensor(lib, values)
+    outq.put(t)
+    got.wait(60)
+    del t
+    gc.collect()
+
+
+# --- notebook 08 (when the parent dies) ----------------------------------------------------
+
+
+def _guard(guard: str | None) -> None:
+    """Arrange for this child to die with its parent. ``guard`` is None or "+"-joined steps:
+    "ignore-sigint" (SIGINT ignored, as a background job inherits it), "pdeathsig:SIGNAME"
+    (prctl PR_SET_PDEATHSIG through torch's own binding, which torch.multiprocessing.spawn
+    calls with SIGINT), "watchdog" (a thread polls os.getppid() and exits when it changes).
+    """
+    import signal
+    import threading
+    import time
+
+    for step in (guard.split("+") if guard else ()):
+        if step == "ignore-sigint":
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+        elif step.startswith("pdeathsig:"):
+            from torch.multiprocessing import _prctl_pr_set_pdeathsig
+
+            _prctl_pr_set_pdeathsig(getattr(signal, step.split(":", 1)[1]))
+        elif step == "watchdog":
+            parent = os.getppid()
+
+            def watch(parent=parent):
+                while os.getppid() == parent:
+                    time.sleep(0.05)
+                os._exit(3)  # re-parented: our parent is gone
+
+            threading.Thread(target=watch, daemon=True).start()
+        else:
+            raise ValueError(f"unknown guard step {step!r}")
+
+
+def guarded_sleep(seconds: float, guard: str | None = None, ready=None):
+    """Set up ``guard`` (see ``_guard``), set ``ready`` (an Event) if given, sleep ``seconds``.
+
+    Waiting for ``ready`` closes a race: a parent (thread) that dies before the child called
+    prctl(PR_SET_PDEATHSIG) is never noticed.
+    """
+    import time
+
+    _guard(guard)
+    if ready is not None:
+        ready.set()
+    time.sleep(seconds)
+
+
+def orphan_parent(guards=(None, None), method: str | None = None, seconds: float = 60.0,
+                  linger: float | None = None, report=None, new_session: bool = False):
+    """Be the parent that gets killed: start one daemonic child per entry of ``guards``
+    (each sleeps ``seconds`` under its guard, see ``_guard``), wait until all are set up,
+    report ``{"parent": pid, "children": [pid, ...]}`` (on the ``report`` queue, else as one
+    JSON line on stdout), then wait for them (or, with ``linger``, sleep that long and exit
+    normally). ``new_session`` calls setsid() first, so that os.killpg(our pid) reaches every
+    orphan later. ``seconds`` bounds how long a forgotten orphan can outlive the demo.
+    """
+    import json
+    import multiprocessing
+    import time
+
+    if new_session:
+        os.setsid()
+
+    if any(g and "pdeathsig" in g for g in guards):
+        import torch.multiprocessing  # noqa: F401 - once here; fork children inherit it
+    ctx = multiprocessing.get_context(method)
+    ready = [ctx.Event() for _ in guards]
+    kids = [ctx.Process(target=guarded_sleep, args=(seconds, g, r), daemon=True)
+            for g, r in zip(guards, ready, strict=True)]
+    for k in kids:
+        k.start()
+    for r in ready:
+        r.wait(120)
+    info = {"parent": os.getpid(), "children": [k.pid for k in kids]}
+    if report is not None:
+        report.put(info)
+    else:
+        print(json.dumps(info), flush=True)
+    if linger is not None:
+        time.sleep(linger)
+        return  # normal exit: multiprocessing's atexit handler terminates daemonic children
+    try:
+        for k in kids:
+            k.join()
+    except KeyboardInterrupt:
+        return  # SIGINT: exit as an uncaught KeyboardInterrupt would, minus the traceback
+
+
+def fail_in_rank(i: int, rank: int, how: str):
+    """A torch.multiprocessing.spawn worker: rank ``rank`` fails, the others sleep (and are
+    stopped by the parent's join). ``how``: "raise" (an exception with a message) or a
+    signal name such as "SIGKILL" (the process kills itself with it).
+    """
+    import signal
+    import time
+
+    if i != rank:
+        time.sleep(60)
+        return
+    if how == "raise":
+        raise ValueError(f"rank {i} could not read its shard")
+    os.kill(os.getpid(), getattr(signal, how))

@@ -1,0 +1,107 @@
+"""Real CUDA tensor sharing between processes: the behaviour shmlab.cuda_ipc_model models.
+
+Runs only where ``torch.cuda.is_available()``; elsewhere every test is skipped with the reason.
+The consumer is a ``spawn`` child (shmlab.workers.cuda_consumer): CUDA cannot be used in a
+child forked after the parent initialised it.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.timeout(300),
+    pytest.mark.skipif(
+        not torch.cuda.is_available(),
+        reason=f"no CUDA device (torch {torch.__version__}, CUDA build: "
+        f"{torch.version.cuda or 'no'}); the CPU model is tested in test_cuda_ipc_model.py",
+    ),
+]
+
+from shmlab import workers  # noqa: E402
+
+
+def _stop(*procs):
+    for p in procs:
+        p.join(60)
+        if p.is_alive():
+            p.kill()
+            p.join(10)
+
+
+def test_share_cuda_returns_a_handle_of_the_whole_allocation_plus_offset():
+    base = torch.zeros(1024, device="cuda")
+    view = base[256:]
+    fields = view.untyped_storage()._share_cuda_()
+    assert len(fields) == 8, fields
+    device, handle, size_bytes, offset_bytes, ref_handle, ref_offset, _event, _sync = fields
+    assert device == base.device.index and isinstance(handle, bytes) and handle
+    assert size_bytes == base.untyped_storage().nbytes() == 4096  # the view sends its storage
+    assert offset_bytes >= 0 and isinstance(ref_handle, bytes) and ref_offset >= 0
+    # Nobody will receive this export: release its counter as a receiver would, so the
+    # block is not left in the limbo at exit.
+    torch.UntypedStorage._release_ipc_counter(ref_handle, ref_offset, device=device)
+    del view, base
+    torch.cuda.ipc_collect()
+
+
+def test_producer_consumer_with_spawn_shared_write_and_keep_alive():
+    ctx = mp.get_context("spawn")
+    inq, outq, release = ctx.Queue(), ctx.Queue(), ctx.Event()
+    child = ctx.Process(target=workers.cuda_consumer, args=(inq, outq, release))
+    child.start()
+    try:
+        t = torch.zeros(4, device="cuda")
+        inq.put(t)
+        got = outq.get(timeout=120)
+        assert got["device"].startswith("cuda") and got["sum"] == 4.0
+        torch.cuda.synchronize()
+        assert float(t.sum()) == 4.0  # the consumer's in-place add is in our memory
+        # Drop our tensor while the consumer still holds it: the block goes to the limbo,
+        # so a new allocation of the same size must not land on the consumer's bytes.
+        del t
+        other = torch.full((4,), 9.0, device="cuda")
+        torch.cuda.synchronize()
+        release.set()
+        assert outq.get(timeout=120) == {"sum": 4.0}
+        assert outq.get(timeout=120) == "released"
+        torch.cuda.ipc_collect()
+        del other
+    finally:
+        release.set()
+        _stop(child)
+    assert child.exitcode == 0
+
+
+def test_a_received_cuda_tensor_cannot_be_sent_on():
+    ctx = mp.get_context("spawn")
+    inq, outq = ctx.Queue(), ctx.Queue()
+    child = ctx.Process(target=workers.cuda_resend, args=(inq, outq))
+    child.start()
+    try:
+        t = torch.ones(8, device="cuda")
+        inq.put(t)
+        msg = outq.get(timeout=120)
+        assert msg.startswith("Attempted to send CUDA tensor received from another process"), msg
+    finally:
+        _stop(child)
+    del t
+    torch.cuda.ipc_collect()
+
+
+def test_a_forked_child_cannot_reinitialise_cuda():
+    torch.zeros(1, device="cuda")  # initialise CUDA in this process first
+    ctx = multiprocessing.get_context("fork")
+    results = ctx.Queue()
+    child = ctx.Process(target=workers.cuda_in_fork_child, args=(results,))
+    child.start()
+    try:
+        msg = results.get(timeout=120)
+    finally:
+        _stop(child)
+    assert "Cannot re-initialize CUDA in forked subprocess" in msg, msg
