@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 
 import psutil
@@ -54,11 +55,17 @@ def shm_files() -> set[str]:
 
 
 def _is_manager(proc: psutil.Process) -> bool:
+    """A torch_shm_manager or shmlab manager run from *this* environment (sys.prefix)."""
     try:
-        cmd = " ".join(proc.cmdline())
+        cmd = proc.cmdline()
+        if not any(m in " ".join(cmd) for m in MANAGER_MARKERS):
+            return False
+        # torch execs its manager by absolute path inside site-packages, shmlab starts it with
+        # the venv's python: either way a manager of another checkout's venv is not ours.
+        path = cmd[0] if cmd and os.path.isabs(cmd[0]) else proc.exe()
     except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
         return False
-    return any(m in cmd for m in MANAGER_MARKERS)
+    return path.startswith(sys.prefix)
 
 
 def manager_pids() -> set[int]:
