@@ -166,8 +166,10 @@ def share_with_receiver(lib: str, n: int, nbytes: int, info, release):
     """The leak scenario's sender: share ``n`` file_system tensors of ``nbytes`` with a receiver
     child, put ``{"sender", "receiver"}`` pids on ``info`` once it holds them all, then wait
     until ``release`` is set (we tell the receiver to let go, and both exit cleanly) or the
-    receiver dies. If it was SIGKILLed, its refcounts never come back: when we exit, every
-    segment stays at refcount >= 1 with a dead creator (us), a leak the manager reclaims.
+    receiver dies. SIGKILL the receiver and then us, as a scheduler kills a job: nobody gives
+    its refcount back, every segment stays at refcount 2 with a dead creator (us), a leak the
+    manager reclaims. (After that, never ``release.set()``: a process killed while waiting on
+    a multiprocessing Event leaves it expecting a wake-up, and ``set()`` would block.)
     """
     tlib, mp = load(lib)
     mp.set_sharing_strategy("file_system")

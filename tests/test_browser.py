@@ -107,15 +107,8 @@ def lab(tmp_path):
                         tmp_path / "lab.log").read_text()[-3000:]) from None
                 time.sleep(0.2)
         yield base, token
-    finally:
-        started = _descendants(server.pid)  # the kernel runs in a session of its own
-        try:
-            req = urllib.request.Request(f"{base}/api/shutdown?token={token}", method="POST")
-            urllib.request.urlopen(req, timeout=5).close()  # noqa: S310 - localhost only
-            server.wait(15)
-        except (OSError, subprocess.TimeoutExpired):
-            pass
-        _kill(server, started)
+    finally:  # the notebook cleaned up after itself; whatever is left of ours is killed
+        _kill(server, _descendants(server.pid))  # the kernel runs in a session of its own
         log.close()
 
 
@@ -156,22 +149,27 @@ def test_dashboard_renders_and_follows_the_scenario(lab, tmp_path):
             executable_path=CHROMIUM, args=CHROMIUM_ARGS, viewport={"width": 1400, "height": 1000})
         try:
             page = browser.pages[0] if browser.pages else browser.new_page()
+            t0 = time.monotonic()
             page.goto(f"{base}/lab/tree/{NOTEBOOK.name}?token={token}")
             page.wait_for_function(
                 "() => window.jupyterapp?.shell?.currentWidget?.sessionContext?.session?.kernel"
                 "?.status === 'idle'", timeout=60_000)
             page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
             page.wait_for_selector(".shmlab-dashboard .shmlab-fd-family-total", timeout=60_000)
+            print(f"dashboard rendered {time.monotonic() - t0:.1f} s after opening the page")
             deadline, mid_shot = time.monotonic() + 110, False
             while time.monotonic() < deadline:
                 state = page.evaluate(READ_DOM)
                 seen.append(state)
+                if state["error"]:
+                    (ARTIFACTS / "browser-error.txt").write_text(state["error"])
                 assert not state["error"], "a cell failed in the browser:\n" + state["error"]
-                if state["leaked"] >= 50 and not mid_shot:
+                if state["leaked"] and not mid_shot:  # files leaked, not yet reclaimed
                     page.locator(".shmlab-dashboard").screenshot(
                         path=str(ARTIFACTS / "browser-dashboard-leaked.png"))
                     mid_shot = True
                 if state["done"]:
+                    print(f"notebook done {time.monotonic() - t0:.1f} s after opening the page")
                     break
                 time.sleep(0.1)
             page.locator(".shmlab-dashboard").screenshot(
@@ -188,4 +186,6 @@ def test_dashboard_renders_and_follows_the_scenario(lab, tmp_path):
     fds = [int(s["fd"]) for s in seen if s["fd"] is not None]
     assert len(set(fds)) > 2 and max(fds) - min(fds) >= 50, f"fd count hardly moved: {fds[::10]}"
     assert max(s["rows"] for s in seen) >= 50 and max(s["leaked"] for s in seen) >= 50
-    assert seen[-1]["leaked"] == 0 and max(s["chart"] for s in seen) >= 1
+    # ... and were reclaimed (other users' files may come and go in the same table)
+    assert max(s["leaked"] for s in seen) - seen[-1]["leaked"] >= 50
+    assert max(s["chart"] for s in seen) >= 1

@@ -19,7 +19,7 @@ import pytest
 import torch  # noqa: F401 - imported once here, so forked children start in milliseconds
 
 from shmlab import introspect, workers
-from shmlab.widgets import Dashboard, FdMonitor, LeakCleanup, ShmFiles, in_kernel
+from shmlab.widgets import Dashboard, FdMonitor, LeakCleanup, in_kernel
 
 FORK = multiprocessing.get_context("fork")
 LIBS = ["shmlab", "torch"]
@@ -82,40 +82,34 @@ def test_fd_monitor_follows_a_child_opening_50_shm_fds(lib):
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("lib", LIBS)
-def test_shm_files_shows_refcount_2_while_a_consumer_holds_it(lib):
-    sender, info, release = start_sender(lib, 1)
-    files = ShmFiles()
-    try:
-        pids = info.get(timeout=30)
-        prefix = f"{lib}_{pids['sender']}_"
-        row = wait_for(lambda: [s for s in files.rows if s.name.startswith(prefix)], 2.0,
-                       "the segment to be listed")[0]
-        assert (row.owner, row.creator_pid, row.refcount, row.leaked) == (
-            lib, pids["sender"], 2, False)  # the sender and the consumer each hold one count
-        assert row.size == 4096 + 64  # data plus the refcount header
-        assert f'<tr class="shmlab-segment"><td class="l">{row.name}</td>' in files.table.value
-        assert row.name in files.text()
-    finally:
-        files.close()
-        stop(sender, release)
-
-
-@pytest.mark.timeout(60)
-@pytest.mark.parametrize("lib", LIBS)
-def test_leak_cleanup_times_the_reclaim_after_a_sigkill(lib):
+def test_shm_files_and_leak_cleanup_follow_a_sigkilled_consumer(lib):
+    """While a consumer holds them, ShmFiles lists the file_system segments at refcount 2;
+    after both are SIGKILLed they turn leaked (refcount 2, creator dead), and LeakCleanup
+    records the manager's reclaim with the time it took."""
     sender, info, release = start_sender(lib, 50)
     dash = Dashboard()
     try:
         pids = info.get(timeout=30)
-        os.kill(pids["receiver"], signal.SIGKILL)  # its 50 refcounts never come back
-        sender.join(30)  # the sender sees its receiver die and exits: nobody holds the files
         prefix = f"{lib}_{pids['sender']}_"
         mine = lambda: [s for s in dash.files.rows if s.name.startswith(prefix)]
+        held = wait_for(lambda: len(mine()) == 50 and mine(), 2.0, "the 50 segments listed")
+        assert {(s.owner, s.creator_pid, s.refcount, s.leaked) for s in held} == {
+            (lib, pids["sender"], 2, False)}  # the sender and the consumer hold one count each
+        assert {s.size for s in held} == {4096 + 64}  # data plus the refcount header
+        row = f'<tr class="shmlab-segment"><td class="l">{held[0].name}</td>'
+        assert row in dash.files.table.value and held[0].name in dash.files.text()
+
+        for pid in (pids["receiver"], pids["sender"]):  # the whole job is killed
+            os.kill(pid, signal.SIGKILL)
+        release = None  # see share_with_receiver: never set() an Event a killed process awaited
+        sender.join(30)
+        leaked = wait_for(lambda: [s for s in mine() if s.leaked], 5, "the segments to leak")
+        assert {s.refcount for s in leaked} == {2}  # nobody gave a count back
+        assert '<tr class="shmlab-leaked">' in dash.files.table.value
         rec = wait_for(lambda: [r for r in dash.leaks.records if r["creator"] == pids["sender"]],
                        20, "the manager to reclaim the leaked segments")[0]
         assert rec["owner"] == lib and rec["segments"] == 50
         assert 0 < rec["reclaim_s"] < 15
-        assert max(leaked for _, _, leaked, _ in dash.files.history) >= 50
         assert not mine() and not [n for n in os.listdir("/dev/shm") if n.startswith(prefix)]
         if lib == "shmlab":  # the manager's own clock: last client left -> reclaimed
             wait_for(lambda: rec["log_reclaim_s"] is not None, 5, "the manager's event log")
@@ -130,23 +124,25 @@ def test_leak_cleanup_times_the_reclaim_after_a_sigkill(lib):
 
 @pytest.mark.timeout(60)
 def test_text_snapshot_in_plain_python():
-    code = ("from shmlab.widgets import Dashboard, FdMonitor\n"
+    code = ("from shmlab.widgets import Dashboard, FdMonitor, ShmFiles\n"
             "FdMonitor(autostart=False).show()\n"
+            "ShmFiles(autostart=False).show()\n"
             "print(repr(Dashboard(autostart=False)))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=50, check=True).stdout
     assert out.count("open fds (kernel and descendants)") == 2
-    assert "kernel" in out and "/dev/shm:" in out and "leak cleanup" in out
+    assert out.count("/dev/shm:") == 2 and "kernel" in out and "leak cleanup" in out
     assert not in_kernel()
 
 
 @pytest.mark.timeout(30)
-def test_errors_go_into_the_widget_never_into_the_caller(monkeypatch):
+def test_errors_go_into_the_widget_never_into_the_caller():
     def broken(*args, **kwargs):
         raise OSError(24, "Too many open files")
 
-    monkeypatch.setattr(introspect, "snapshot", broken)
-    leaks = LeakCleanup(hz=20)
+    leaks = LeakCleanup(hz=20, autostart=False)
+    leaks.poller.probe = broken  # what a refresh reads from introspect fails
+    leaks.start()
     try:
         wait_for(lambda: leaks.errors, 2, "the error to be logged")
         assert "Too many open files" in leaks.log_line.value
@@ -175,3 +171,15 @@ def test_dashboard_buttons_history_bound_and_classes():
             FdMonitor(hz=0)
     finally:
         dash.close()
+
+
+@pytest.mark.timeout(30)
+def test_probe_gives_what_introspect_snapshot_gives():
+    from shmlab.widgets._probe import Prober
+
+    probe = Prober()
+    ours, theirs = probe(), introspect.snapshot()
+    assert probe.partial, "introspect's helpers were renamed: the widgets fell back to snapshot()"
+    assert set(ours.fds) == set(theirs.fds) == {os.getpid()}
+    assert ours.limits == theirs.limits and type(ours.segments) is type(theirs.segments)
+    assert probe().managers is ours.managers  # cached for a second

@@ -4,7 +4,7 @@ Note [A thread, not asyncio]
 A notebook cell that blocks (``p.join()``, ``time.sleep``) blocks the kernel's event loop, so an
 asyncio task would freeze exactly while the interesting thing happens. A daemon thread keeps
 running; it only *sets widget traits*, which ipykernel sends over its thread-safe IOPub socket.
-One thread serves a whole Dashboard: one ``introspect.snapshot()`` per tick feeds every view.
+One thread serves a whole Dashboard: one snapshot per tick feeds every view.
 The thread stops when its widget is closed, when ``stop()`` is called, or at interpreter exit
 (an ``atexit`` hook, so no update races the kernel's shutdown). Whatever fails inside a tick is
 written into the widget's log line, never raised into the notebook.
@@ -29,7 +29,7 @@ from collections import deque
 
 import ipywidgets as W
 
-from .. import introspect
+from ._probe import Prober
 
 DEFAULT_HZ = 4.0
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
@@ -70,12 +70,13 @@ def in_kernel() -> bool:
 
 
 class Poller:
-    """A daemon thread: every 1/hz s take ``introspect.snapshot()`` and pass it to each view."""
+    """A daemon thread: every 1/hz s take a snapshot (a ``Prober``) and pass it to each view."""
 
     def __init__(self, views, hz: float = DEFAULT_HZ):
         if not hz > 0:
             raise ValueError(f"hz must be a positive refresh rate, got {hz!r}")
         self.views, self.period = list(views), 1.0 / hz
+        self.probe = Prober()  # introspect.snapshot() with managers/limits cached a while
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -102,7 +103,7 @@ class Poller:
     def tick(self) -> None:
         """One refresh, on the calling thread; never raises."""
         try:
-            snap = introspect.snapshot()
+            snap = self.probe()
         except Exception as exc:  # noqa: BLE001 - shown in the widget, never raised
             for view in self.views:
                 view.log_error(exc)

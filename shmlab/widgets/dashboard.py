@@ -13,10 +13,11 @@ from .shmfiles import ShmFiles
 class Dashboard(LiveView, W.VBox):
     """The three live views; one ``introspect.snapshot()`` per tick serves all of them."""
 
-    def __init__(self, hz: float = DEFAULT_HZ, by_kind: bool = False, autostart: bool = True):
+    def __init__(self, hz: float = DEFAULT_HZ, by_kind: bool = False, autostart: bool = True,
+                 scope: str = "family"):
         self.fd = FdMonitor(hz, by_kind=by_kind, autostart=False)
         self.files = ShmFiles(hz, autostart=False)
-        self.leaks = LeakCleanup(hz, autostart=False)
+        self.leaks = LeakCleanup(hz, autostart=False, scope=scope)
         self.start_button = W.Button(description="start", icon="play", tooltip="start refreshing")
         self.stop_button = W.Button(description="stop", icon="stop", tooltip="stop refreshing")
         self.status = W.HTML("")

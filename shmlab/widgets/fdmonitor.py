@@ -23,7 +23,7 @@ class FdMonitor(LiveView, W.HBox):
     """Live fd counts of the kernel and its descendants (``monitor.current[pid]['total']``)."""
 
     def __init__(self, hz: float = DEFAULT_HZ, by_kind: bool = False, window_s: float = 60.0,
-                 history: int = 2000, autostart: bool = True):
+                 history: int = 1200, autostart: bool = True):
         self.chart, self.numbers = W.HTML(""), W.HTML("")
         self.chart.add_class("shmlab-fd-chart")
         self.numbers.add_class("shmlab-fd-numbers")
@@ -53,7 +53,12 @@ class FdMonitor(LiveView, W.HBox):
     def _series(self) -> list[tuple]:
         """(label, colour, points, dash) per line: one per process, or per process and kind."""
         lines: dict[tuple[int, str], list] = {}
-        for t, fds in self.history:
+        recent = []  # only the samples the chart shows: a long history costs nothing per tick
+        for sample in reversed(self.history):
+            if self.history[-1][0] - sample[0] > self.window_s:
+                break
+            recent.append(sample)
+        for t, fds in reversed(recent):
             for pid, counts in fds.items():
                 for kind in (KINDS if self.by_kind else ("total",)):
                     if counts[kind] or (pid, kind) in lines:

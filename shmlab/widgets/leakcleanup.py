@@ -27,7 +27,11 @@ _QUIET = frozenset({"registered", "freed"})  # shown as counts per tick, not lin
 
 
 class LeakCleanup(LiveView, W.VBox):
-    """Timeline of leaks and reclaims; ``leaks.records`` holds one dict per reclaimed leak."""
+    """Timeline of leaks and reclaims; ``leaks.records`` holds one dict per reclaimed leak.
+
+    ``scope="family"`` (default) follows the segments made by, and the managers started by,
+    processes ever seen in this kernel's family; ``"all"`` follows everyone's on the machine.
+    """
 
     def __init__(self, hz: float = DEFAULT_HZ, history: int = 2000, autostart: bool = True,
                  scope: str = "family"):
@@ -77,8 +81,9 @@ class LeakCleanup(LiveView, W.VBox):
                 self._close(pid, inc, now)
         for name in [n for n in self._leaked_at if n not in live]:
             del self._leaked_at[name]
-        for rec in self.records[-5:]:
-            if rec["owner"] == "shmlab" and rec["log_reclaim_s"] is None:
+        for rec in self.records[-5:]:  # a log that has not come within 30 s never will
+            if rec["owner"] == "shmlab" and rec["log_reclaim_s"] is None and (
+                    now - rec["reclaimed_t"] < 30):
                 self._from_log(rec)  # the watcher may deliver the log a tick after the unlink
         leaked = sum(1 for s in live.values() if s.leaked)
         self.history.append((now, len(live), leaked))
