@@ -1,0 +1,334 @@
+"""SIGKILL in a sharing family, torch beside shmlab: what survives, what leaks, who cleans up.
+
+Every file_system scenario ends with files that only the manager can remove (a dead process
+never gave its refcount back), so each one fails if the manager does not reclaim them within
+RECLAIM_LIMIT_S of the family's last exit: run it with SHMLAB_MANAGER_GRACE=100 to see that.
+Under file_descriptor nothing is ever named in /dev/shm, so nothing can leak.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import psutil
+import pytest
+
+from shmlab._shm import read_refcount
+from shmlab.stress import RECLAIM_LIMIT_S, Family, wait_reclaimed
+
+LIBS = ("torch", "shmlab")
+P, C = "producer", "consumer"
+FS, FD = "file_system", "file_descriptor"
+STRATEGIES = (FS, FD)
+VALUES = [1.0, 2.0]  # the producer shares two tensors, [0] = 1.0 and 2.0
+
+
+@pytest.fixture(autouse=True)
+def default_strategy_afterwards():
+    import torch.multiprocessing as tmp
+
+    import shmlab.multiprocessing as smp
+
+    try:
+        yield
+    finally:
+        tmp.set_sharing_strategy(FD)
+        smp.set_sharing_strategy(FD)
+
+
+@pytest.fixture
+def families():
+    made: list[Family] = []
+
+    def start(strategy: str) -> dict[str, Family]:
+        fams = {lib: Family(lib, strategy) for lib in LIBS}
+        made.extend(fams.values())
+        return fams
+
+    yield start
+    for fam in made:
+        fam.close()
+
+
+def send_two(fams: dict[str, Family], receive: bool = True) -> dict[str, list[str]]:
+    """Producer shares two tensors and puts them on the queue; the consumer takes them."""
+    names = {}
+    for lib, fam in fams.items():
+        segs = fam.ask(P, "share", 2, 1024)["segments"]
+        names[lib] = [s[1] for s in segs if s]
+        fam.ask(P, "put")  # flushed: both messages are in the pipe
+        if receive:
+            assert fam.ask(C, "get", 2, 10)["values"] == VALUES
+    return names
+
+
+def counts(names: list[str]) -> list[int | None]:
+    return [read_refcount("/" + n) for n in names]
+
+
+def no_named_segments(fams: dict[str, Family]) -> None:
+    for lib, fam in fams.items():
+        assert fam.files() == [] and fam.managers == set(), lib  # nothing named, no manager
+
+
+def assert_reclaimed(fams: dict[str, Family], strategy: str) -> dict[str, float | None]:
+    """Every file and manager of each family gone within the limit after its last exit."""
+    recs = wait_reclaimed(list(fams.values()), deadline_s=RECLAIM_LIMIT_S + 3)
+    took = {}
+    for (lib, fam), rec in zip(fams.items(), recs, strict=True):
+        took[lib] = rec["reclaim_s"]
+        assert rec["files_left"] == [], f"{lib} left {rec['files_left']} after its family died"
+        assert rec["managers_left"] == [], f"{lib}'s manager {rec['managers_left']} lives on"
+        if strategy == FS:
+            assert rec["files_at_exit"], f"{lib}: nothing was left for the manager to reclaim"
+            assert rec["reclaim_s"] <= RECLAIM_LIMIT_S, (lib, rec)
+        else:
+            assert rec["files_at_exit"] == [] and fam.managers == set()
+    print(f"reclaim after the last exit ({strategy}): {took}")
+    return took
+
+
+# -- the four faults ----------------------------------------------------------------------------
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_kill_the_producer_after_sharing(families, strategy):
+    fams = families(strategy)
+    names = send_two(fams)
+    for fam in fams.values():
+        fam.kill(P)
+    for lib, fam in fams.items():
+        assert fam.ask(C, "read")["values"] == VALUES, lib  # the memory outlived its creator
+        fam.ask(C, "release")
+        if strategy == FS:  # the dead producer's count is never given back: the file stays
+            assert counts(names[lib]) == [1, 1], lib
+        fam.finish(C)
+    if strategy == FD:
+        no_named_segments(fams)
+    assert_reclaimed(fams, strategy)
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_kill_the_producer_with_a_message_in_flight(families, strategy):
+    fams = families(strategy)
+    names = send_two(fams, receive=False)
+    if strategy == FS:
+        for lib in LIBS:
+            assert counts(names[lib]) == [2, 2], lib  # the sender's own count + one in flight
+    for fam in fams.values():
+        fam.kill(P)
+    if strategy == FS:  # the consumer is no client yet: the grace runs from the kill
+        recs = wait_reclaimed(list(fams.values()), deadline_s=RECLAIM_LIMIT_S + 3)
+        for lib, rec in zip(LIBS, recs, strict=True):
+            assert rec["files_left"] == rec["managers_left"] == [], (lib, rec)
+            assert rec["reclaim_s"] <= RECLAIM_LIMIT_S, (lib, rec)
+        print(f"reclaim after the producer's death (in flight): "
+              f"{ {lib: r['reclaim_s'] for lib, r in zip(LIBS, recs, strict=True)} }")
+    errors = {lib: fam.ask(C, "get", 2, 5, check=False).get("error")
+              for lib, fam in fams.items()}
+    print(f"late get ({strategy}): {errors}")
+    if strategy == FD:  # the fd lived in the dead sender; its resource_sharer is gone
+        assert errors["torch"][0] == errors["shmlab"][0] == "ConnectionRefusedError"
+        no_named_segments(fams)
+    else:
+        assert errors["torch"] == ["RuntimeError", "No such file or directory"]
+        kind, message = errors["shmlab"]
+        assert kind == "ManagerError" and "No such file or directory" in message
+        assert "exited, was killed" in message  # says why, and what still works
+    for fam in fams.values():
+        fam.finish(C)
+        assert fam.files() == [] and fam.live_managers() == []
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_kill_the_consumer_while_it_holds_the_tensor(families, strategy):
+    fams = families(strategy)
+    names = send_two(fams)
+    for fam in fams.values():
+        fam.kill(C)
+    for lib, fam in fams.items():
+        fam.ask(P, "write", 7.0)
+        assert fam.ask(P, "read")["values"] == [7.0, 7.0], lib
+        fam.ask(P, "release")
+        if strategy == FS:  # now the dead consumer's count keeps the file
+            assert counts(names[lib]) == [1, 1], lib
+        fam.finish(P)
+    if strategy == FD:
+        no_named_segments(fams)
+    assert_reclaimed(fams, strategy)
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_kill_both(families, strategy):
+    fams = families(strategy)
+    names = send_two(fams)
+    for fam in fams.values():
+        fam.kill(P, C)
+    if strategy == FS:
+        for lib in LIBS:
+            assert counts(names[lib]) == [2, 2], lib  # two dead holders
+    else:
+        no_named_segments(fams)
+    assert_reclaimed(fams, strategy)
+
+
+# -- killing the manager itself -----------------------------------------------------------------
+def _wait_dead(pid: int, timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return  # dead; its parent (the producer) has not waited for it yet
+        except psutil.NoSuchProcess:
+            return
+        time.sleep(0.01)
+    raise TimeoutError(f"manager {pid} still alive after SIGKILL")
+
+
+@pytest.mark.timeout(180)
+def test_killing_the_manager_keeps_segments_in_use_and_refuses_new_ones(families):
+    fams = families(FS)
+    names = send_two(fams)
+    old = {}
+    for lib, fam in fams.items():
+        (mgr,) = fam.managers
+        old[lib] = fam.ask(P, "read")["segments"][0][0]  # its socket path: the handle
+        os.kill(mgr, signal.SIGKILL)
+        _wait_dead(mgr)
+    errors = {}
+    for lib, fam in fams.items():
+        fam.ask(P, "write", 5.0)  # still one memory, both ways
+        assert fam.ask(C, "read")["values"] == [5.0, 5.0], lib
+        errors[lib] = fam.ask(P, "share", 1, 8, check=False).get("error")  # a new segment
+    print(f"new registration with the manager dead: {errors}")
+    assert errors["torch"] == ["RuntimeError", "Broken pipe"]
+    kind, message = errors["shmlab"]
+    assert kind == "ManagerError" and "keep working" in message and "reset()" in message
+    time.sleep(2.5)  # longer than any grace: nobody unlinked what is in use
+    for lib, fam in fams.items():
+        assert counts(names[lib]) == [2, 2] and fam.ask(C, "read")["values"] == [5.0, 5.0]
+        assert len(fam.files()) == 2, lib  # the failed allocation left no file either
+    # shmlab, as its error says: reset() and the next allocation starts a fresh manager.
+    shm = fams["shmlab"]
+    shm.ask(P, "reset_manager")
+    fresh = shm.ask(P, "share", 1, 8)["segments"][-1][0]
+    assert fresh != old["shmlab"] and len(shm.live_managers()) == 1
+    # Clean up. shmlab: releasing needs no manager; the last closer unlinks.
+    shm.ask(C, "release")
+    assert counts(names["shmlab"]) == [1, 1]
+    shm.finish(P, C)
+    assert counts(names["shmlab"]) == [None, None]
+    # torch: freeing a tensor whose manager is gone throws in a destructor -> abort().
+    fams["torch"].finish(C, P)
+    print("torch exit codes after its manager died:",
+          {r: p.exitcode for r, p in fams["torch"].procs.items()})
+    assert {p.exitcode for p in fams["torch"].procs.values()} == {-signal.SIGABRT}
+    for name in fams["torch"].files():  # by hand: no manager is left to reclaim them
+        os.unlink(f"/dev/shm/{name}")
+    for lib in LIBS:  # a SIGKILLed manager cannot remove its private directory
+        shutil.rmtree(os.path.dirname(old[lib]), ignore_errors=True)
+    recs = wait_reclaimed([shm])  # the fresh manager exits after its grace, as usual
+    assert recs[0]["files_left"] == recs[0]["managers_left"] == []
+
+
+# -- /dev/shm full ------------------------------------------------------------------------------
+FULL_SHM = textwrap.dedent(r'''
+    import gc, json, os, subprocess, sys
+    mount = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", "/dev/shm"],
+                           capture_output=True, text=True)
+    if mount.returncode:
+        print(json.dumps({"skip": "mount -t tmpfs failed: " + mount.stderr.strip()}))
+        sys.exit(0)
+    import torch, torch.multiprocessing as tmp
+    import shmlab, shmlab.multiprocessing as smp
+    files = lambda: sorted(os.listdir("/dev/shm"))
+    out = {}
+    for lib, mp, zeros in (("torch", tmp, torch.zeros), ("shmlab", smp, shmlab.zeros)):
+        for strategy in ("file_descriptor", "file_system"):
+            mp.set_sharing_strategy(strategy)
+            first = zeros(150_000).share_memory_()  # 600 kB of the 1 MiB: fits
+            before = files()
+            try:
+                zeros(150_000).share_memory_()  # 600 kB more than the space left
+                error = None
+            except Exception as exc:
+                error = [type(exc).__name__, getattr(exc, "errno", None), str(exc)]
+            partial = sorted(set(files()) - set(before))
+            out[f"{lib} {strategy}"] = {"error": error, "partial": partial}
+            del first
+            gc.collect()
+            mp.set_sharing_strategy("file_descriptor")
+        out[f"{lib} left"] = files()  # after everything it made was freed
+    # The stdlib only ftruncates: the segment is made, and the first write past the space
+    # kills the writer with SIGBUS.
+    code = ("from multiprocessing import shared_memory as s\n"
+            "m = s.SharedMemory(create=True, size=2 << 20)\n"
+            "m.buf[:] = b'x' * (2 << 20)\n")
+    out["stdlib_returncode"] = subprocess.run([sys.executable, "-c", code],
+                                              capture_output=True).returncode
+    print(json.dumps(out))
+''')
+
+
+@pytest.mark.timeout(180)
+def test_full_dev_shm_raises_enospc_under_both_strategies_torch_too_stdlib_gets_sigbus(
+        tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("needs root: a private mount namespace with a 1 MiB tmpfs on /dev/shm")
+    if shutil.which("unshare") is None:
+        pytest.skip("needs unshare (util-linux) for a private mount namespace")
+    log = tmp_path / "out"
+    with open(log, "w") as out, open(tmp_path / "err", "w") as err:  # no pipes: the managers
+        rc = subprocess.run(["unshare", "--mount", sys.executable, "-c", FULL_SHM],  # outlive it
+                            stdout=out, stderr=err, timeout=100).returncode
+    text = log.read_text()
+    if rc != 0 and not text:
+        pytest.skip(f"unshare --mount failed here: {(tmp_path / 'err').read_text()[-300:]}")
+    res = json.loads(text)
+    if "skip" in res:
+        pytest.skip(res["skip"])
+    print(json.dumps(res, indent=1))
+    assert rc == 0  # no SIGBUS in the process that shared
+    for strategy in STRATEGIES:
+        kind, code, message = res[f"shmlab {strategy}"]["error"]
+        assert kind == "OSError" and code == errno.ENOSPC, res
+        assert re.search(r"[\d,]+ bytes needed, [\d,]+ free", message), message
+        assert "--shm-size" in message, message  # and what to do about it
+        assert res[f"shmlab {strategy}"]["partial"] == []  # no half-made file
+        t_kind, _, t_message = res[f"torch {strategy}"]["error"]  # torch 2.13 raises too...
+        assert t_kind == "RuntimeError" and "No space left on device (28)" in t_message
+        # ...but leaves the half-made file behind (posix_fallocate fails before the unlink).
+        (partial,) = res[f"torch {strategy}"]["partial"]
+        assert partial in t_message and partial in res["torch left"]
+    assert [n for n in res["shmlab left"] if n.startswith("shmlab_")] == []
+    assert res["stdlib_returncode"] == -signal.SIGBUS  # 135 from a shell
+
+
+# -- the stress command, bounded ----------------------------------------------------------------
+@pytest.mark.timeout(180)
+def test_stress_command_leaks_nothing():
+    out = subprocess.run([sys.executable, "-m", "shmlab.stress", "--trials", "16", "--parallel",
+                          "4", "--seed", "7", "--json"], capture_output=True, text=True,
+                         timeout=140)
+    summary = json.loads(out.stdout)
+    print({k: v for k, v in summary.items() if k != "incidents"})
+    assert summary["trials"] == 16
+    assert summary["leaked_files"] == 0 and summary["stuck"] == 0 and summary["bad_data"] == 0
+    # A manager whose starter is killed while it boots has no segment and no client; on a
+    # loaded machine it may outlive the deadline, but it must leave on its own.
+    assert summary["managers_stuck"] == 0, summary["incidents"]
+    for incident in summary["incidents"]:
+        assert incident["files_at_exit"] == 0 and incident["left_on_their_own"], incident
+    assert summary["reclaim_s"]["median"] <= RECLAIM_LIMIT_S
+    assert out.returncode == 0
