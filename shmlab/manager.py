@@ -255,10 +255,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ERROR: {exc}", flush=True)
         return 1
     manager.event("started", pid=os.getpid(), reason=f"grace {manager.grace_s} s")
-    print(manager.path, flush=True)
+    try:
+        print(manager.path, flush=True)
+        handshake_ok = True
+    except BrokenPipeError:  # the starter died before reading: nobody can ever find us
+        handshake_ok = False
     devnull = os.open(os.devnull, os.O_WRONLY)  # the handshake pipe is done: let it close
     os.dup2(devnull, 1)
     os.close(devnull)
+    if not handshake_ok:
+        manager.shutdown()  # nothing registered yet: just remove our directory and go
+        return 1
     try:
         manager.serve()
     except BaseException as exc:  # a bug or a signal: say so, reclaim nothing, re-raise

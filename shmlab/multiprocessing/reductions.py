@@ -134,12 +134,23 @@ def _is_fd_exhaustion(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and "items of ancdata" in str(exc)
 
 
+def _sender_gone(what: str) -> str:
+    return (f"{what}: the process that sent this tensor exited before the message was "
+            "received. Keep the sender (and the tensor) alive until every receiver has "
+            "taken what it sent, e.g. with an Event or by joining the consumers first.")
+
+
 def rebuild_storage_fd(cls, df, size):
     try:
         fd = df.detach()  # connect to the sender, receive the fd over SCM_RIGHTS
     except (OSError, RuntimeError) as exc:
         if _is_fd_exhaustion(exc):
             raise _fd_limit_error(exc) from exc
+        if isinstance(exc, (ConnectionRefusedError, FileNotFoundError)):
+            # Under file_descriptor the sender's resource-sharer thread hands the fd over on
+            # request; with the sender dead there is nobody left to ask.
+            raise ConnectionRefusedError(
+                errno.ECONNREFUSED, _sender_gone("cannot fetch the shared-memory fd")) from exc
         raise
     try:  # fd is ours for the length of this call only: closed in finally, on every path
         storage = storage_from_cache(cls, fd_id(fd))
@@ -161,7 +172,14 @@ def rebuild_storage_filename(cls, manager, handle, size):
     storage = storage_from_cache(cls, handle)
     if storage is not None:
         return storage._shared_decref()  # we hold it already: just release the in-flight count
-    storage = cls._new_shared_filename_cpu(manager, handle, size)  # +1 for us
+    try:
+        storage = cls._new_shared_filename_cpu(manager, handle, size)  # +1 for us
+    except (OSError, RuntimeError) as exc:
+        name = handle.decode() if isinstance(handle, bytes) else str(handle)
+        if os.path.exists("/dev/shm/" + name.lstrip("/")):
+            raise  # the segment is there: the problem is elsewhere (say, its manager)
+        raise FileNotFoundError(errno.ENOENT, _sender_gone(
+            f"shared memory segment {name} is gone (its manager reclaimed it)")) from exc
     shared_cache[handle] = StorageWeakRef(storage)
     return storage._shared_decref()  # -1: the sender's in-flight count is handed over
 
