@@ -619,3 +619,145 @@ def fail_in_rank(i: int, rank: int, how: str):
     if how == "raise":
         raise ValueError(f"rank {i} could not read its shard")
     os.kill(os.getpid(), getattr(signal, how))
+
+# --- notebooks 06 (Hogwild training) and 07 (beyond one machine) ---------------------------
+
+
+def hogwild_step_and_watch(rank: int, model, x, y, lr: float, stepped, results):
+    """Rank 0 takes one ``optimizer.step()`` on the batch (x, y) of the *shared* model and
+    sets ``stepped``; every other rank waits for ``stepped``. Each then reports its pid, what
+    identifies the memory behind each parameter (``parameter_report``) and the parameter
+    values it sees: if the parameters are shared, all of them report rank 0's update.
+    """
+    import torch
+    import torch.nn.functional as F
+
+    from shmlab.examples.evidence import parameter_report
+
+    torch.set_num_threads(1)
+    if rank == 0:
+        optimizer = torch.optim.SGD(model.parameters(), lr=lr)  # private to this process
+        optimizer.zero_grad()
+        F.cross_entropy(model(x), y).backward()  # the gradient is private to this process ...
+        optimizer.step()  # ... the update goes into shared memory
+        stepped.set()
+    elif not stepped.wait(120):
+        raise TimeoutError("rank 0 never stepped")
+    results.put({
+        "rank": rank, "pid": os.getpid(), "report": parameter_report(model),
+        "values": {n: p.detach().numpy().copy() for n, p in model.named_parameters()},
+    })
+
+
+def count_up(counter, n: int, lock, barrier, results):
+    """The lost-update race. ``counter`` is a shared tensor (torch or shmlab) of 2 integers.
+    Phase 1: ``n`` times ``c[0] += 1`` with no lock. Phase 2: ``n`` times ``c[1] += 1``
+    holding ``lock``. The barrier starts both phases in every process at once, so they overlap.
+    """
+    import time
+
+    c = counter.numpy().reshape(-1)  # a zero-copy view of the shared memory
+    barrier.wait(120)
+    t0 = time.perf_counter()
+    for _ in range(n):
+        c[0] += 1  # read, add, write back: another process may write in between
+    t1 = time.perf_counter()
+    barrier.wait(120)
+    t2 = time.perf_counter()
+    for _ in range(n):
+        with lock:  # the same three steps, now one process at a time
+            c[1] += 1
+    results.put({"pid": os.getpid(), "unlocked_s": t1 - t0,
+                 "locked_s": time.perf_counter() - t2})
+
+
+def sparse_lstsq_sgd(rank: int, w, cols, vals, y, lr: float, steps: int, seed: int,
+                     go, results, record_every: int = 50):
+    """Hogwild SGD with numpy on a shared ``shmlab.Tensor`` (or torch tensor) ``w``.
+
+    The problem: minimise mean_i (x_i . w - y_i)^2 / 2, where row i of X is sparse: its
+    nonzeros are ``cols[i]`` with values ``vals[i]`` (both (n, k) arrays, shared too). Each
+    step takes one random row and updates only its k coordinates of ``w``, in place, with no
+    lock: the sparse-update setting in which Hogwild's races rarely collide. ``go`` is an
+    Event or a Barrier that starts every process at once. Reports the
+    squared error seen every ``record_every`` steps (on a fixed probe of rows).
+    """
+    import time
+
+    import numpy as np
+
+    wv = w.numpy()  # the shared weight vector: every process writes into it
+    C, V, Y = cols.numpy(), vals.numpy(), y.numpy()
+    n = len(Y)
+    rng = np.random.default_rng(seed + rank)
+    probe = np.random.default_rng(seed).integers(0, n, 256)
+    if go.wait(120) is False:  # an Event (False on timeout) or a Barrier (raises)
+        raise TimeoutError("no go signal")
+    curve, t0 = [], time.monotonic()
+    for step in range(steps):
+        i = rng.integers(n)
+        c, v = C[i], V[i]
+        r = v @ wv[c] - Y[i]  # residual of this row, reading the shared weights
+        wv[c] -= lr * r * v  # write back only k coordinates: a sparse update
+        if step % record_every == 0:
+            err = (np.einsum("ij,ij->i", V[probe], wv[C[probe]]) - Y[probe]) ** 2
+            curve.append((time.monotonic() - t0, step, float(err.mean() / 2)))
+    results.put({"rank": rank, "pid": os.getpid(), "steps": steps, "curve": curve,
+                 "time": time.monotonic() - t0})
+
+
+def ddp_replica(rank: int, world: int, init_method: str, steps: int, batch: int, results):
+    """A DDP rank that reports what it saw: its own batch labels, its parameters after DDP's
+    start-up broadcast (each rank builds its model from a *different* seed), its local and
+    all-reduced gradient, and its parameters after ``steps`` synchronous steps.
+    """
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from shmlab.examples.data import load_digits
+    from shmlab.examples.model import make_model
+
+    def flat(tensors):
+        return torch.cat([t.detach().reshape(-1) for t in tensors]).numpy().copy()
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world)
+    try:
+        data = load_digits()
+        local = make_model(seed=100 + rank)  # different on every rank, on purpose
+        built = flat(local.parameters())
+        model = DDP(local)  # broadcasts rank 0's parameters to every rank
+        after_wrap = flat(model.parameters())
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+        labels, local_grad, reduced_grad = [], None, None
+        for step in range(steps):
+            start = (step * world + rank) * batch  # each rank its own, disjoint batch
+            x, y = data.x_train[start:start + batch], data.y_train[start:start + batch]
+            labels.append(y.tolist())
+            optimizer.zero_grad()
+            if step == 0:  # once, compute the gradient without DDP's all-reduce to compare
+                with model.no_sync():
+                    F.cross_entropy(model(x), y).backward()
+                local_grad = flat(p.grad for p in model.parameters())
+                optimizer.zero_grad()
+            F.cross_entropy(model(x), y).backward()  # all-reduce (average) during backward
+            if step == 0:
+                reduced_grad = flat(p.grad for p in model.parameters())
+            optimizer.step()
+        results.put({"rank": rank, "pid": os.getpid(), "built": built, "after_wrap": after_wrap,
+                     "labels": labels, "local_grad": local_grad, "reduced_grad": reduced_grad,
+                     "final": flat(model.parameters())})
+    finally:
+        dist.destroy_process_group()
+
+
+def collate_and_report(samples):
+    """A DataLoader ``collate_fn`` that also says who collated the batch: the worker's pid and
+    the sharing strategy *its* torch.multiprocessing uses to send the batch to the parent."""
+    import torch.multiprocessing
+    from torch.utils.data import default_collate
+
+    x, y = default_collate(samples)
+    return x, y, {"pid": os.getpid(), "strategy": torch.multiprocessing.get_sharing_strategy()}
