@@ -32,33 +32,6 @@ STRATEGIES = (FS, FD)
 VALUES = [1.0, 2.0]  # the producer shares two tensors, [0] = 1.0 and 2.0
 
 
-@pytest.fixture(autouse=True)
-def default_strategy_afterwards():
-    import torch.multiprocessing as tmp
-
-    import shmlab.multiprocessing as smp
-
-    try:
-        yield
-    finally:
-        tmp.set_sharing_strategy(FD)
-        smp.set_sharing_strategy(FD)
-
-
-@pytest.fixture
-def families():
-    made: list[Family] = []
-
-    def start(strategy: str) -> dict[str, Family]:
-        fams = {lib: Family(lib, strategy) for lib in LIBS}
-        made.extend(fams.values())
-        return fams
-
-    yield start
-    for fam in made:
-        fam.close()
-
-
 def send_two(fams: dict[str, Family], receive: bool = True) -> dict[str, list[str]]:
     """Producer shares two tensors and puts them on the queue; the consumer takes them."""
     names = {}

@@ -23,34 +23,6 @@ P, C = "producer", "consumer"
 FS, FD = "file_system", "file_descriptor"
 
 
-@pytest.fixture(autouse=True)
-def default_strategy_afterwards():
-    import torch.multiprocessing as tmp
-
-    import shmlab.multiprocessing as smp
-
-    try:
-        yield
-    finally:
-        tmp.set_sharing_strategy(FD)
-        smp.set_sharing_strategy(FD)
-
-
-@pytest.fixture
-def families():
-    """Start one Family per library (side by side); kill whatever is left at the end."""
-    made: list[Family] = []
-
-    def start(strategy: str, **kw) -> dict[str, Family]:
-        fams = {lib: Family(lib, strategy, **kw) for lib in LIBS}
-        made.extend(fams.values())
-        return fams
-
-    yield start
-    for fam in made:
-        fam.close()
-
-
 def refcount(name: str) -> int | None:
     return read_refcount("/" + name)  # a pread of the header's 4 bytes; None once unlinked
 
