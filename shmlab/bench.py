@@ -13,6 +13,7 @@ import argparse
 import gc
 import json
 import multiprocessing
+import random
 import statistics
 import sys
 import time
@@ -32,18 +33,35 @@ def _repeats(nbytes: int, scale: float) -> int:
     return max(5, int((31 if nbytes <= 1 << 19 else 11 if nbytes <= 1 << 25 else 7) * scale))
 
 
-def _round_trips(make, inq, outq, repeats: int) -> float:
-    """Median seconds of put(x) + get() for ``repeats`` values made by ``make()``."""
-    times = []
-    for _ in range(repeats + 1):  # the first trip warms up caches and the resource sharer
-        item = make()
-        gc.collect()
-        start = time.perf_counter()
-        inq.put(item)
-        back = outq.get()
-        times.append(time.perf_counter() - start)
-        del item, back
-    return statistics.median(times[1:])
+def _trip(item, inq, outq) -> float:
+    """Seconds for one put(item) + get() of the echo."""
+    start = time.perf_counter()
+    inq.put(item)
+    back = outq.get()
+    elapsed = time.perf_counter() - start
+    del back
+    return elapsed
+
+
+def _interleaved(makers: dict, inq, outq, repeats: int) -> dict[str, float]:
+    """Median seconds per case, the cases taking turns in a shuffled order every repeat.
+
+    Taking turns matters on a shared machine: load that comes and goes then hits every case
+    alike, instead of whichever case happened to run during the busy minute.
+    """
+    times = {case: [] for case in makers}
+    order = list(makers)
+    rng = random.Random(0)
+    for rep in range(repeats + 1):  # the first round warms caches and the resource sharers
+        rng.shuffle(order)
+        for case in order:
+            item = makers[case]()
+            gc.collect()
+            elapsed = _trip(item, inq, outq)
+            del item
+            if rep:
+                times[case].append(elapsed)
+    return {case: statistics.median(t) for case, t in times.items()}
 
 
 def handoff(sizes=SIZES, scale: float = 1.0) -> list[dict]:
@@ -58,19 +76,19 @@ def handoff(sizes=SIZES, scale: float = 1.0) -> list[dict]:
     try:
         for nbytes in sizes:
             data = np.random.default_rng(0).random(nbytes // 4, dtype=np.float32)
-            reps = _repeats(nbytes, scale)
-            row = {"bytes": nbytes, "size": _label(nbytes)}
+            makers = {"pickle_copy": lambda d=data: d.copy()}
             for lib in ("shmlab", "torch"):
                 tlib, _ = workers.load(lib)
                 shared = tlib.from_numpy(data.copy()).share_memory_()
-                row[f"{lib}_shared_ms"] = 1e3 * _round_trips(lambda s=shared: s, inq, outq, reps)
-                del shared
-                row[f"{lib}_fresh_ms"] = 1e3 * _round_trips(
-                    lambda t=tlib, d=data: t.from_numpy(d.copy()), inq, outq, reps)
-            row["pickle_copy_ms"] = 1e3 * _round_trips(lambda d=data: d.copy(), inq, outq, reps)
+                makers[f"{lib}_shared"] = lambda s=shared: s
+                makers[f"{lib}_fresh"] = lambda t=tlib, d=data: t.from_numpy(d.copy())
+            medians = _interleaved(makers, inq, outq, _repeats(nbytes, scale))
+            row = {"bytes": nbytes, "size": _label(nbytes)}
+            row.update({f"{case}_ms": 1e3 * m for case, m in medians.items()})
             row["shared_ratio"] = row["shmlab_shared_ms"] / row["torch_shared_ms"]
             row["fresh_ratio"] = row["shmlab_fresh_ms"] / row["torch_fresh_ms"]
             rows.append(row)
+            del makers, shared
     finally:
         inq.put(None)
         child.join(30)
