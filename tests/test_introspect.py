@@ -25,6 +25,7 @@ import psutil
 import pytest
 import torch
 import torch.multiprocessing as tmp
+from waiting import wait_for
 
 from shmlab import introspect
 
@@ -39,14 +40,6 @@ def shm_folder():
     shutil.rmtree(folder, ignore_errors=True)
 
 
-def wait_for(predicate, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"gave up after {timeout} s waiting for {predicate}")
 
 
 def stop(*procs):

@@ -17,6 +17,7 @@ import time
 
 import pytest
 import torch  # noqa: F401 - imported once here, so forked children start in milliseconds
+from waiting import wait_for
 
 from shmlab import introspect, workers
 from shmlab.widgets import Dashboard, FdMonitor, LeakCleanup, in_kernel
@@ -25,14 +26,6 @@ FORK = multiprocessing.get_context("fork")
 LIBS = ["shmlab", "torch"]
 
 
-def wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"gave up after {timeout} s waiting for {what}")
 
 
 def start_sender(lib: str, n: int):

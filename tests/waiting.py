@@ -1,0 +1,16 @@
+"""Poll until a condition holds: the one way tests wait for other processes."""
+
+from __future__ import annotations
+
+import time
+
+
+def wait_for(predicate, timeout: float = 10.0, what: str | None = None):
+    """Return ``predicate()``'s first truthy value, polling every 20 ms; fail after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise AssertionError(f"gave up after {timeout} s waiting for {what or predicate}")
