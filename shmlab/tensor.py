@@ -189,8 +189,6 @@ class _Span:
 def tensor(data, dtype=None) -> Tensor:
     """A new tensor with its own private storage, copying ``data`` (like torch.tensor)."""
     arr = np.array(data, dtype=dtype, copy=True, order="C")
-    if arr.dtype == np.dtype(object):
-        _check_dtype(arr.dtype)
     if dtype is None and arr.dtype == np.float64 and not isinstance(data, np.ndarray):
         arr = arr.astype(np.float32)  # torch's default float dtype
     return from_numpy(arr)

@@ -44,14 +44,11 @@ def fd_count() -> int:
 
 
 def shm_fd_count() -> int:
-    """Open fds of this process that point at shared memory (/dev/shm/...)."""
-    count = 0
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            count += os.readlink(f"/proc/self/fd/{fd}").startswith("/dev/shm/")
-        except OSError:  # the fd listing itself, closed meanwhile
-            pass
-    return count
+    """Open fds of this process that point at shared memory (/dev/shm/..., deleted or not)."""
+    from .introspect import fd_counts
+
+    counts = fd_counts()
+    return counts["shm-deleted"] + counts["shm-named"]
 
 
 def write_then_watch(arg_t, inq, conn, done, go, results, value: float = 1.0):

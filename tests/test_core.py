@@ -11,6 +11,7 @@ import sys
 
 import numpy as np
 import pytest
+from waiting import stop
 
 import shmlab
 import shmlab.multiprocessing as mp
@@ -116,31 +117,34 @@ def test_drop_in_reexports_all_of_multiprocessing():
 
     missing = [n for n in multiprocessing.__all__ if not hasattr(mp, n)]
     assert missing == []
-    assert set(mp.__all__) == set(tmp.__all__) - {"spawn", "start_processes"} | set()
+    # torch adds spawn/start_processes helpers to its __all__; shmlab does not have them.
+    assert set(mp.__all__) == set(tmp.__all__) - {"spawn", "start_processes"}
     assert mp.get_context("spawn").Process is multiprocessing.get_context("spawn").Process
 
 
 def test_init_reductions_is_idempotent():
     from multiprocessing.reduction import ForkingPickler
 
-    mp.init_reductions() if hasattr(mp, "init_reductions") else reductions.init_reductions()
+    mp.init_reductions()  # already ran at import: a second and third call change nothing
     reductions.init_reductions()
     assert ForkingPickler._extra_reducers[shmlab.Tensor] is reductions.reduce_tensor
 
 
 def test_shared_cache_purges_dead_entries_with_a_scaling_limit():
     cache = reductions.SharedCache()
-    live = [shmlab.zeros(1).untyped_storage() for _ in range(300)]
-    for i, s in enumerate(live):
-        cache[i] = reductions.StorageWeakRef(s)
+    live = [shmlab.zeros(1).untyped_storage() for _ in range(518)]
+    for i in range(300):
+        cache[i] = reductions.StorageWeakRef(live[i])
+    # Purges at 129 entries (limit -> 2 x 129 = 258) and at 259 (-> 518): torch's numbers.
+    assert cache.limit == 518 and len(cache) == 300
     dead = shmlab.zeros(1).untyped_storage()
     cache["dead"] = reductions.StorageWeakRef(dead)
     del dead
     gc.collect()
-    for i in range(300, 600):  # pushes past the limit and triggers a purge
-        cache[i] = reductions.StorageWeakRef(live[i % 300])
-    assert "dead" not in cache
-    assert cache.limit == max(128, 2 * 300) or cache.limit >= 518  # torch: 300 live -> 518+
+    for i in range(300, 518):  # the 519th entry triggers the next purge
+        cache[i] = reductions.StorageWeakRef(live[i])
+    assert "dead" not in cache and len(cache) == 518
+    assert cache.limit == 2 * 518
 
 
 @pytest.mark.timeout(30)
@@ -170,10 +174,7 @@ def fd_limit(lib, n, nofile=64):
             inq.put(t)
         report = results.get(timeout=120)
     finally:
-        p.join(60)
-        if p.is_alive():
-            p.kill()
-            p.join()
+        stop(p, timeout=60)
     # Drain what the child never took, so each pending DupFd is handed over and closed.
     while True:
         try:

@@ -11,6 +11,7 @@ from multiprocessing.reduction import ForkingPickler
 
 import numpy as np
 import pytest
+from waiting import stop
 
 from shmlab import workers
 from shmlab.workers import fd_count, load, new_tensor, shm_fd_count
@@ -22,14 +23,6 @@ METHODS = ("fork", "spawn", "forkserver")
 def both(scenario, *args):
     """Run ``scenario(lib, *args)`` for torch and shmlab; return {lib: observation}."""
     return {lib: scenario(lib, *args) for lib in LIBS}
-
-
-def _stop(*procs):
-    for p in procs:
-        p.join(30)
-        if p.is_alive():
-            p.kill()
-            p.join()
 
 
 # --- 1. pickling moves the storage into shared memory; the pickle stays tiny ----------------
@@ -76,7 +69,7 @@ def channels(lib, method, share_args_first):
         go.set()
         seen_by_child = results.get(timeout=60)
     finally:
-        _stop(p)
+        stop(p)
     return {"parent_sees": seen_by_parent, "child_sees": seen_by_child,
             "queue_tensor_shared": q_t.is_shared(), "exitcode": p.exitcode}
 
@@ -136,7 +129,7 @@ def views(lib, method):
         inq.put((sliced, column))
         got = results.get(timeout=60)
     finally:
-        _stop(p)
+        stop(p)
     return got
 
 
@@ -186,7 +179,7 @@ def fd_accounting(lib, n):
             inq.put(t)
         counts = results.get(timeout=120)
     finally:
-        _stop(p)
+        stop(p)
     del tensors, t
     gc.collect()
     return {"receiver_added": counts["holding"] - counts["before"],

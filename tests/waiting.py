@@ -1,4 +1,4 @@
-"""Poll until a condition holds: the one way tests wait for other processes."""
+"""Waiting for other processes: poll until a condition holds; join children, or kill them."""
 
 from __future__ import annotations
 
@@ -14,3 +14,12 @@ def wait_for(predicate, timeout: float = 10.0, what: str | None = None):
             return value
         time.sleep(0.02)
     raise AssertionError(f"gave up after {timeout} s waiting for {what or predicate}")
+
+
+def stop(*procs, timeout: float = 30.0) -> None:
+    """Join each multiprocessing child; one still running after ``timeout`` s is killed."""
+    for p in procs:
+        p.join(timeout)
+        if p.is_alive():
+            p.kill()
+            p.join()

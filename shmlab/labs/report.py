@@ -43,7 +43,7 @@ class Cases:
         elif exc_type is not None and not issubclass(exc_type, AssertionError):
             last = traceback.format_exception_only(exc_type, exc)[-1].strip()
             self.check(False, f"your code raised {last}", "read the error, fix the cell above")
-        leaked = {n for n in _shm_files() - self._shm_before if _ours(n)}
+        leaked = _shm_files() - self._shm_before
         for name in sorted(leaked):  # clean up after the learner's code, and say so
             try:
                 os.unlink(os.path.join(SHM_DIR, name))
@@ -61,31 +61,15 @@ class Cases:
 
 
 def _shm_files() -> set[str]:
-    try:
-        return {n for n in os.listdir(SHM_DIR) if n.startswith(("shmlab_", "torch_", "psm_"))}
-    except FileNotFoundError:
-        return set()
+    """Segments this process (or one of its children, now dead) made: ours to report and remove.
 
-
-def _ours(name: str) -> bool:
-    """Was this segment made by this process or by one of its (now dead) children?
-
-    Names carry the creator's pid (``shmlab_<pid>_...``). A file whose creator is another
-    live process belongs to somebody else on this machine: never report or remove it.
+    Names carry the creator's pid; a file whose creator is another live process belongs to
+    somebody else on this machine, and is never reported or removed. (psm_ names carry none.)
     """
-    parts = name.split("_")
-    if len(parts) < 2 or not parts[1].isdigit():
-        return False
-    pid = int(parts[1])
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True  # its creator is gone: a leak of ours (our children die before we look)
-    except PermissionError:
-        return False
-    return False
+    from ..introspect import shm_segments
+
+    return {s.name for s in shm_segments()
+            if s.creator_pid == os.getpid() or s.creator_alive is False}
 
 
 def run_in_child(fn, *args, timeout: float = 30.0):

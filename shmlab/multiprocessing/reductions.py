@@ -114,13 +114,15 @@ def storage_from_cache(cls, key):
 
 def _fd_limit_error(exc: BaseException) -> OSError:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    # An unprivileged process may raise its soft limit up to the hard one, not beyond.
+    target = 65536 if hard == resource.RLIM_INFINITY else hard
     return OSError(
         errno.EMFILE,
         f"Too many open files: this process reached its open-file limit (RLIMIT_NOFILE "
         f"soft={soft}, hard={hard}) while receiving a shared tensor ({exc}). Under the "
         "'file_descriptor' strategy every live received storage holds one fd. Fix: raise "
-        f"the limit (`ulimit -n {max(hard, 4096) if hard != resource.RLIM_INFINITY else 65536}`"
-        " in the shell, or resource.setrlimit(resource.RLIMIT_NOFILE, ...)), or call "
+        f"the limit (`ulimit -n {target}` in the shell, or "
+        "resource.setrlimit(resource.RLIMIT_NOFILE, ...)), or call "
         "shmlab.multiprocessing.set_sharing_strategy('file_system') in the sending process.",
     )
 
