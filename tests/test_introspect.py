@@ -95,6 +95,10 @@ def create_segment_and_sleep(folder, ready):
 @pytest.mark.timeout(20)
 def _open_one_of_each(shm_folder, tmp_path):
     """Open one fd of each kind; return their kinds and how the counts moved."""
+    # A collection between the two counts could close an unreachable socket left by an
+    # earlier test (seen: socket +1 instead of +2). Collect now, then keep gc out of the way.
+    gc.collect()
+    gc.disable()
     before = introspect.fd_counts()
     r, w = os.pipe()
     pair = socket.socketpair()
@@ -119,7 +123,7 @@ def _open_one_of_each(shm_folder, tmp_path):
 @pytest.mark.timeout(30)
 def test_open_fds_classifies_each_kind(shm_folder, tmp_path):
     # In a fork child: it has one thread, so no background thread of an earlier test (a
-    # resource sharer, a queue feeder, a finalizer closing a socket) can move the counts.
+    # resource sharer, a queue feeder) can move the counts; gc is paused in there too.
     kinds, moved = run_in_child(_open_one_of_each, shm_folder, tmp_path)
     assert kinds == ["pipe"] * 2 + ["socket"] * 2 + ["file", "other", "shm-named", "shm-deleted"]
     expected = {"pipe": 2, "socket": 2, "file": 1, "other": 1, "shm-named": 1, "shm-deleted": 1}
