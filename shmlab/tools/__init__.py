@@ -1,0 +1,1 @@
+"""Command-line tools: ``python -m shmlab.stress`` and ``python -m shmlab.bench``."""

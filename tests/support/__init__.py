@@ -1,0 +1,1 @@
+"""Helpers shared by the tests: leak checking, families of processes, waiting, notebooks."""
