@@ -34,7 +34,7 @@ def _release(kind: str, fd: int, name: str | None, manager: bytes | None, pid: i
         os.close(fd)  # the storage owned this fd; the mapping itself goes with its last view
     elif kind == _FILENAME and os.getpid() == pid:
         _shm.decref(name)  # the last holder unlinks the name
-        from ._manager_client import get_client
+        from .manager.client import get_client
 
         try:
             get_client(manager).free(name.lstrip("/"))  # tell the manager it may forget it
@@ -125,7 +125,7 @@ class UntypedStorage:
 
     def _share_filename_cpu_(self) -> tuple[bytes, bytes, int]:
         """file_system: move into a named, refcounted segment; return (manager, name, nbytes)."""
-        from ._manager_client import get_client
+        from .manager.client import get_client
 
         if self._kind != _FILENAME:
             client = get_client()  # starts the manager daemon on first use
@@ -143,7 +143,7 @@ class UntypedStorage:
     @classmethod
     def _new_shared_filename_cpu(cls, manager: bytes, name: bytes, size: int) -> UntypedStorage:
         """Receiver: attach to a named segment (+1 on its refcount) and tell its manager."""
-        from ._manager_client import get_client
+        from .manager.client import get_client
 
         name_s = name.decode() if isinstance(name, bytes) else str(name)
         client = get_client(manager)
