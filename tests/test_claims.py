@@ -17,8 +17,8 @@ import re
 from collections import defaultdict
 from pathlib import Path
 
-import nbutil
 import pytest
+from support import nbutil
 
 CLAIMS_MD = nbutil.REPO / "docs" / "CLAIMS.md"
 SEED_CLAIMS_MD = nbutil.REPO.parent / "shared" / "seed" / "CLAIMS.md"  # CI: ../shared, read-only

@@ -11,7 +11,8 @@ import sys
 
 import numpy as np
 import pytest
-from waiting import stop
+from support.families import both
+from support.waiting import stop
 
 import shmlab
 import shmlab.multiprocessing as mp
@@ -193,7 +194,7 @@ def test_fd_limit_gives_a_clear_error_like_torch_fails():
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 4096), hard))
     try:
         before = shm_fd_count()
-        obs = {lib: fd_limit(lib, 1000) for lib in ("torch", "shmlab")}
+        obs = both(fd_limit, 1000)
         gc.collect()
         assert shm_fd_count() == before
     finally:

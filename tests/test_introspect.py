@@ -25,7 +25,7 @@ import psutil
 import pytest
 import torch
 import torch.multiprocessing as tmp
-from waiting import wait_for
+from support.waiting import wait_for
 
 from shmlab import introspect
 from shmlab.labs.report import run_in_child

@@ -16,7 +16,7 @@ from pathlib import Path
 import nbformat
 from nbclient import NotebookClient
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 # Executed as tests: the step-by-step notebooks. The labs run through the grader in
 # test_labs.py instead (instructor copies must score full marks, learner copies zero), so they
 # are not executed twice.
