@@ -1,7 +1,7 @@
 """shmlab.multiprocessing.reductions: init_reductions, SharedCache, and the fd limit.
 
 Mirrors: torch/multiprocessing/reductions.py. (What a tensor looks like after a trip through
-every channel, beside torch, is in test_parity.py.)
+every channel, beside torch, is in test_reductions_parity.py.)
 """
 
 import gc
