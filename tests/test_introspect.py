@@ -293,7 +293,7 @@ with open(os.path.join(folder, "events.jsonl"), "w") as log:
 
 @pytest.mark.timeout(20)
 def test_shmlab_manager_found_with_its_socket_and_event_log(tmp_path):
-    # A stand-in: a real process, socket and log laid out as docs/INTERFACES.md specifies,
+    # A stand-in: a real process, socket and log laid out as docs/ARCHITECTURE.md specifies,
     # so this test does not wait for shmlab.manager itself.
     env = dict(os.environ, TMPDIR=str(tmp_path))
     argv = [sys.executable, "-c", STAND_IN, "shmlab.manager"]
