@@ -6,4 +6,4 @@ import sys
 # harness's own tests load the leak checker into one (`-p support.leakcheck`) and prove that it
 # fails a leaking test.
 sys.path.insert(0, os.path.dirname(__file__))
-pytest_plugins = ["support.leakcheck", "pytester", "support.families"]
+pytest_plugins = ["support.leakcheck", "pytester", "support.families", "support.managers"]
