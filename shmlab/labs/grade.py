@@ -85,7 +85,7 @@ def grade(path, source_dir=SOURCE, timeout: int = 120) -> Result:
     installed wheel's alike); the kernel runs in the learner notebook's folder.
     """
     path = Path(path)
-    source = _release._dir(source_dir).joinpath(path.name)
+    source = _release.source(path.name, source_dir)
     if not source.is_file():
         names = ", ".join(p.name for p in _release.sources(source_dir))
         raise FileNotFoundError(f"no instructor copy {source} for {path.name}: grade a notebook "

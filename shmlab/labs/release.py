@@ -30,7 +30,13 @@ LEARNER_DIR = Path("labs")
 
 
 def _dir(where):
+    """A Path for a str or path; an importlib.resources Traversable as it is."""
     return Path(where) if isinstance(where, (str, os.PathLike)) else where
+
+
+def source(name: str, source_dir=SOURCE):
+    """The instructor copy called ``name`` (it may not exist: check ``.is_file()``)."""
+    return _dir(source_dir).joinpath(name)
 
 
 def sources(source_dir=SOURCE) -> list:
