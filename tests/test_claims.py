@@ -4,8 +4,9 @@ The claims and their ids are in docs/CLAIMS.md (a verbatim copy of the project's
 seed/CLAIMS.md). A hidden test cell is a code cell tagged ``hidden-test``, with
 ``metadata.jupyter.source_hidden: true`` and ``# claim <id>`` as its first line; it asserts
 the claim, so the notebook run fails if the claim stops being true. A claim may be proven in
-any notebook, but its coverage is required only once the notebook that owns its question
-exists: the other notebooks are still being written.
+any notebook; every claim group has an owner notebook, and a missing owner notebook is a
+failure, never a skip (a renamed or deleted notebook must not silently drop its claims). Only
+the comparison with the seed copy in ../shared skips where ../shared is absent.
 
 Also here: notebooks 01 and 02 run headless with the ``spawn`` start method too (they read
 SHMLAB_START_METHOD in their first code cell; the kernel inherits this process's environment).
@@ -14,11 +15,12 @@ SHMLAB_START_METHOD in their first code cell; the kernel inherits this process's
 from __future__ import annotations
 
 import re
+import sys
 from collections import defaultdict
 from pathlib import Path
 
-import nbutil
 import pytest
+from support import nbutil
 
 CLAIMS_MD = nbutil.REPO / "docs" / "CLAIMS.md"
 SEED_CLAIMS_MD = nbutil.REPO.parent / "shared" / "seed" / "CLAIMS.md"  # CI: ../shared, read-only
@@ -48,6 +50,16 @@ def claim_ids(path: Path = CLAIMS_MD) -> list[str]:
         if m:
             ids.append(m.group(1))
     return ids
+
+
+def owner_notebook(name: str) -> Path:
+    """notebooks/<name>; an AssertionError (a failure, not a skip) if it is missing."""
+    path = NOTEBOOKS_DIR / name
+    assert path.is_file(), (
+        f"notebook {name} is missing from {nbutil.rel(NOTEBOOKS_DIR)}/: it owns claims or a "
+        f"spawn run in {Path(__file__).name}; restore it or update OWNER / SPAWN_NOTEBOOKS"
+    )
+    return path
 
 
 def group_of(claim: str) -> str | None:
@@ -104,9 +116,7 @@ def test_claims_copy_matches_the_seed():
 
 @pytest.mark.parametrize("group", sorted(OWNER), ids=lambda g: f"{g}-{OWNER[g][:2]}")
 def test_claims_are_covered_by_hidden_test_cells(group):
-    notebook = NOTEBOOKS_DIR / OWNER[group]
-    if not notebook.is_file():
-        pytest.skip(f"{OWNER[group]} is not written yet; claims {group}.x wait for it")
+    owner_notebook(OWNER[group])
     found = coverage()
     claims = [c for c in CLAIMS if group_of(c) == group]
     missing = [c for c in claims if not found.get(c)]
@@ -115,6 +125,12 @@ def test_claims_are_covered_by_hidden_test_cells(group):
         f"no hidden test cell proves {missing}: add a code cell tagged {TAG!r}, with "
         f"metadata.jupyter.source_hidden = true, whose first line is '# claim <id>'"
     )
+
+
+def test_a_missing_owner_notebook_fails_instead_of_skipping(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys.modules[__name__], "NOTEBOOKS_DIR", tmp_path)  # an empty notebooks/
+    with pytest.raises(AssertionError, match="01_what_is_torch_multiprocessing.ipynb is missing"):
+        test_claims_are_covered_by_hidden_test_cells("C1")
 
 
 def test_hidden_test_cells_are_well_formed_and_name_real_claims():
@@ -146,9 +162,7 @@ def test_claim_cells_are_tagged():
 @pytest.mark.timeout(nbutil.NOTEBOOK_TIMEOUT)
 @pytest.mark.parametrize("name", SPAWN_NOTEBOOKS, ids=lambda n: n[:2] + "-spawn")
 def test_notebook_runs_with_spawn(name, monkeypatch):
-    path = NOTEBOOKS_DIR / name
-    if not path.is_file():
-        pytest.skip(f"{name} is not written yet")
+    path = owner_notebook(name)
     # nbclient starts the kernel with this process's environment (jupyter_client copies
     # os.environ when no env is given), so this reaches the notebook's first code cell.
     monkeypatch.setenv("SHMLAB_START_METHOD", "spawn")

@@ -21,11 +21,11 @@ import time
 
 import psutil
 import pytest
+from support.families import LIBS
 
 from shmlab._shm import read_refcount
 from shmlab.stress import RECLAIM_LIMIT_S, Family, wait_reclaimed
 
-LIBS = ("torch", "shmlab")
 P, C = "producer", "consumer"
 FS, FD = "file_system", "file_descriptor"
 STRATEGIES = (FS, FD)

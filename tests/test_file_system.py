@@ -14,11 +14,11 @@ import re
 import stat
 
 import pytest
+from support.families import LIBS
 
 from shmlab._shm import read_refcount
 from shmlab.stress import Family, child_managers, wait_reclaimed
 
-LIBS = ("torch", "shmlab")
 P, C = "producer", "consumer"
 FS, FD = "file_system", "file_descriptor"
 

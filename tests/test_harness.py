@@ -1,7 +1,7 @@
 """The harness can fail: leaks are caught, outputs are caught, and `make lab` really serves.
 
-These tests prove the checks in leakcheck.py and test_notebooks.py are not vacuous, and that the
-README's first command starts a JupyterLab rooted at notebooks/.
+These tests prove the checks in support/leakcheck.py and test_notebooks.py are not vacuous, and
+that the README's first command starts a JupyterLab rooted at notebooks/.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ import urllib.request
 from pathlib import Path
 
 import nbformat
-import nbutil
 import psutil
 import pytest
+from support import nbutil
 
 TESTS = Path(__file__).resolve().parent
 
@@ -52,7 +52,9 @@ def leaky_run(pytester, monkeypatch):
     pytester.makepyfile(test_leaky=LEAKY_TESTS)
     monkeypatch.setenv("PYTHONPATH", str(TESTS), prepend=os.pathsep)
     monkeypatch.setenv("SHMLAB_LEAKCHECK_GRACE", "0.5")  # the leak is real; no need to wait 6 s
-    result = pytester.runpytest_subprocess("-p", "leakcheck", "-p", "no:cacheprovider", "-v")
+    result = pytester.runpytest_subprocess(
+        "-p", "support.leakcheck", "-p", "no:cacheprovider", "-v"
+    )
     return pytester, result
 
 

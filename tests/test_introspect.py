@@ -25,7 +25,7 @@ import psutil
 import pytest
 import torch
 import torch.multiprocessing as tmp
-from waiting import wait_for
+from support.waiting import wait_for
 
 from shmlab import introspect
 from shmlab.labs.report import run_in_child
@@ -293,7 +293,7 @@ with open(os.path.join(folder, "events.jsonl"), "w") as log:
 
 @pytest.mark.timeout(20)
 def test_shmlab_manager_found_with_its_socket_and_event_log(tmp_path):
-    # A stand-in: a real process, socket and log laid out as docs/INTERFACES.md specifies,
+    # A stand-in: a real process, socket and log laid out as docs/ARCHITECTURE.md specifies,
     # so this test does not wait for shmlab.manager itself.
     env = dict(os.environ, TMPDIR=str(tmp_path))
     argv = [sys.executable, "-c", STAND_IN, "shmlab.manager"]

@@ -4,16 +4,21 @@ from __future__ import annotations
 
 import copy
 import json
+import os
+import shutil
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 import nbformat
 import pytest
+from support.nbutil import REPO
 
 from shmlab.labs import grade, release
 
-SOURCES = sorted(release.SOURCE.glob("*.ipynb"))
+SOURCES = release.sources()  # the instructor copies: package data in shmlab/labs/source/
+LEARNER = REPO / "labs"  # the released learner copies, checked in
 LAB_IDS = [p.stem for p in SOURCES]
 
 # One plausible wrong answer per lab: (solution grade_id, wrong code, the hint it must get).
@@ -83,7 +88,7 @@ def _meta(cell) -> dict:
 
 def _with_answer(lab: str, grade_id: str, code: str, tmp_path: Path) -> Path:
     """The instructor notebook with one answer replaced, saved as a learner would."""
-    nb = nbformat.read(release.SOURCE / f"{lab}.ipynb", as_version=4)
+    nb = release.read(release.SOURCE / f"{lab}.ipynb")
     for cell in nb.cells:
         if _meta(cell).get("grade_id") == grade_id:
             cell.source = code.strip()
@@ -98,7 +103,7 @@ def test_every_lab_is_here():
 
 
 def test_learner_copies_are_up_to_date():
-    stale = release.out_of_date()
+    stale = release.out_of_date(out_dir=LEARNER)
     assert not stale, f"run `python -m shmlab.labs release`: {stale} are out of date"
 
 
@@ -127,7 +132,7 @@ def test_nbgrader_metadata_is_valid(path):
 
 @pytest.mark.parametrize("path", SOURCES, ids=LAB_IDS)
 def test_released_copy_hides_solutions_and_grader_only_tests(path):
-    learner = nbformat.read(release.LABS / path.name, as_version=4)
+    learner = nbformat.read(LEARNER / path.name, as_version=4)
     text = "\n".join(c.source for c in learner.cells)
     assert "BEGIN SOLUTION" not in text and "HIDDEN TESTS" not in text
     assert text.count("raise NotImplementedError()") >= 1
@@ -144,7 +149,7 @@ def test_instructor_copy_scores_full_marks(path):
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("path", SOURCES, ids=LAB_IDS)
 def test_learner_copy_fails_every_exercise_and_scores_zero(path):
-    result = grade.grade(release.LABS / path.name)
+    result = grade.grade(LEARNER / path.name)
     assert result.score == 0 and len(result.exercises) >= 3
     for e in result.exercises:
         assert "not implemented yet" in e.output, (e.grade_id, e.output, e.error)
@@ -183,7 +188,7 @@ def test_edited_or_deleted_test_cells_are_restored(tmp_path):
 
 
 def test_merge_keeps_learner_helper_cells_and_ignores_relabelling():
-    source = nbformat.read(release.SOURCE / "lab1_reducers.ipynb", as_version=4)
+    source = release.read(release.SOURCE / "lab1_reducers.ipynb")
     learner = copy.deepcopy(source)
     idx = next(i for i, c in enumerate(learner.cells)
                if _meta(c).get("grade_id") == "ex3_pickle_size")
@@ -196,14 +201,14 @@ def test_merge_keeps_learner_helper_cells_and_ignores_relabelling():
 
 @pytest.mark.timeout(300)
 def test_cli_grade_json_and_exit_status():
-    learner = release.LABS / "lab1_reducers.ipynb"
+    learner = LEARNER / "lab1_reducers.ipynb"
     out = subprocess.run([sys.executable, "-m", "shmlab.labs", "grade", "--json", str(learner)],
                          capture_output=True, text=True, timeout=240)
     assert out.returncode == 1
     (row,) = json.loads(out.stdout)
     assert row["score"] == 0 and row["max_score"] == 6
     check = subprocess.run([sys.executable, "-m", "shmlab.labs", "release", "--check"],
-                           capture_output=True, text=True, timeout=60)
+                           capture_output=True, text=True, timeout=60, cwd=REPO)
     assert check.returncode == 0, check.stdout
 
 
@@ -212,3 +217,57 @@ def test_grading_an_unknown_notebook_says_what_to_do(tmp_path):
     nbformat.write(nbformat.v4.new_notebook(), stray)
     with pytest.raises(FileNotFoundError, match="named like one in"):
         grade.grade(stray)
+
+
+# --- grading from an installed wheel, outside the checkout --------------------------------------
+def _wheel_env(target: Path) -> dict:
+    """PYTHONPATH = the wheel's target dir + this venv's site-packages (deps) only.
+
+    Run with ``python -S``: no site-packages .pth files, so the editable install of the checkout
+    is not on the path either; only the kernel the grader starts (a plain ``python``) processes
+    them, and there the target dir comes first.
+    """
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    site = sysconfig.get_paths()["purelib"]
+    env.update(PYTHONPATH=os.pathsep.join([str(target), site]), PYTHONNOUSERSITE="1")
+    return env
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_grading_works_from_an_installed_wheel(tmp_path):
+    src = tmp_path / "src"  # build from a copy, so the checkout gets no build/ or egg-info
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, src / name)
+    shutil.copytree(REPO / "shmlab", src / "shmlab",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--no-input"]
+    subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q",
+                    "-w", str(tmp_path / "dist"), str(src)], check=True, timeout=180)
+    (wheel,) = (tmp_path / "dist").glob("shmlab-*.whl")
+    target = tmp_path / "target"
+    subprocess.run([*pip, "install", "--no-deps", "--no-index", "-q", "--target", str(target),
+                    str(wheel)], check=True, timeout=120)
+
+    work = tmp_path / "elsewhere"  # the instructor's folder: no checkout in sight
+    (work / "solved").mkdir(parents=True)
+    shutil.copy(LEARNER / "lab1_reducers.ipynb", work / "lab1_reducers.ipynb")  # the stubs
+    shutil.copy(release.SOURCE / "lab1_reducers.ipynb", work / "solved" / "lab1_reducers.ipynb")
+    env, python = _wheel_env(target), [sys.executable, "-S"]
+    where = subprocess.run(
+        [*python, "-c", "import shmlab, shmlab.labs.release as r; print(shmlab.__file__); "
+                        "print(r.SOURCE)"],
+        cwd=work, env=env, capture_output=True, text=True, timeout=60, check=True)
+    module, source = where.stdout.split()
+    assert module.startswith(str(target)) and source.startswith(str(target)), where.stdout
+
+    out = subprocess.run(
+        [*python, "-m", "shmlab.labs", "grade", "--json", "lab1_reducers.ipynb",
+         "solved/lab1_reducers.ipynb"],
+        cwd=work, env=env, capture_output=True, text=True, timeout=240)
+    rows = {row["notebook"]: row for row in json.loads(out.stdout)}
+    assert out.returncode == 1, out.stderr  # not full marks: the stubs score nothing
+    stubs, solved = rows["lab1_reducers.ipynb"], rows["solved/lab1_reducers.ipynb"]
+    assert stubs["score"] == 0 and stubs["max_score"] == 6, stubs
+    assert solved["score"] == solved["max_score"] == 6, solved

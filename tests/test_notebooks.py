@@ -5,8 +5,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import nbutil
 import pytest
+from support import nbutil
 
 NOTEBOOKS = nbutil.find_notebooks()
 TRACKED = nbutil.tracked_notebooks()

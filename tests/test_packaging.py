@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-from nbutil import REPO
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 from packaging.version import Version
+from support.nbutil import REPO
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -17,13 +17,13 @@ import time
 
 import pytest
 import torch  # noqa: F401 - imported once here, so forked children start in milliseconds
-from waiting import wait_for
+from support.families import LIBS
+from support.waiting import wait_for
 
 from shmlab import introspect, workers
 from shmlab.widgets import Dashboard, FdMonitor, LeakCleanup, in_kernel
 
 FORK = multiprocessing.get_context("fork")
-LIBS = ["shmlab", "torch"]
 
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from . import grade as grading
@@ -13,10 +14,14 @@ from . import release as releasing
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m shmlab.labs")
     sub = parser.add_subparsers(dest="command", required=True)
-    rel = sub.add_parser("release", help="write the learner copies in labs/ from labs/source/")
+    rel = sub.add_parser("release", help="write the learner copies (into labs/) from the "
+                                          "instructor copies in shmlab/labs/source/")
+    rel.add_argument("--out", default=str(releasing.LEARNER_DIR), metavar="DIR",
+                     help="where the learner copies go (default: labs/ of this directory)")
     rel.add_argument("--check", action="store_true",
                      help="write nothing; exit 1 if a learner copy is out of date")
-    gr = sub.add_parser("grade", help="grade learner notebooks against labs/source/")
+    gr = sub.add_parser("grade", help="grade learner notebooks against the instructor copies "
+                                      "shipped in shmlab/labs/source/")
     gr.add_argument("notebooks", nargs="+")
     gr.add_argument("--json", action="store_true", help="print the scores as JSON")
     gr.add_argument("--timeout", type=int, default=120, help="seconds per cell (default 120)")
@@ -24,11 +29,12 @@ def main(argv=None) -> int:
 
     if args.command == "release":
         if args.check:
-            stale = releasing.out_of_date()
+            stale = releasing.out_of_date(out_dir=args.out)
             for name in stale:
-                print(f"out of date: labs/{name} (run: python -m shmlab.labs release)")
+                print(f"out of date: {os.path.join(args.out, name)} "
+                      f"(run: python -m shmlab.labs release)")
             return 1 if stale else 0
-        for path in releasing.release():
+        for path in releasing.release(out_dir=args.out):
             print(f"wrote {path}")
         return 0
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import nbformat
 from nbclient import NotebookClient
 
+from . import release as _release
 from .release import SOURCE, nbgrader_meta, release_cell
 
 
@@ -77,13 +78,19 @@ def merge(source_nb, learner_nb):
     return merged
 
 
-def grade(path, source_dir: Path = SOURCE, timeout: int = 120) -> Result:
+def grade(path, source_dir=SOURCE, timeout: int = 120) -> Result:
+    """Score the notebook at ``path`` against the instructor copy of the same name.
+
+    ``source_dir`` defaults to the instructor copies inside the package (a checkout's or an
+    installed wheel's alike); the kernel runs in the learner notebook's folder.
+    """
     path = Path(path)
-    source = Path(source_dir) / path.name
-    if not source.exists():
+    source = _release.source(path.name, source_dir)
+    if not source.is_file():
+        names = ", ".join(p.name for p in _release.sources(source_dir))
         raise FileNotFoundError(f"no instructor copy {source} for {path.name}: grade a notebook "
-                                f"named like one in {source_dir}")
-    nb = merge(nbformat.read(source, as_version=4), nbformat.read(path, as_version=4))
+                                f"named like one in {source_dir} ({names})")
+    nb = merge(_release.read(source), nbformat.read(path, as_version=4))
     for cell in nb.cells:
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None

@@ -14,13 +14,41 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import re
+from importlib import resources
 from pathlib import Path
 
 import nbformat
 
-LABS = Path(__file__).resolve().parents[2] / "labs"
-SOURCE = LABS / "source"
+# The instructor copies are package data (shmlab/labs/source/*.ipynb), found through
+# importlib.resources, so `grade` works the same from a checkout and from an installed wheel.
+SOURCE = resources.files(__package__) / "source"
+# The learner copies: labs/ of the directory you run `release` in (the checkout's root, in the
+# repository). Nothing here reaches from the package into a checkout.
+LEARNER_DIR = Path("labs")
+
+
+def _dir(where):
+    """A Path for a str or path; an importlib.resources Traversable as it is."""
+    return Path(where) if isinstance(where, (str, os.PathLike)) else where
+
+
+def source(name: str, source_dir=SOURCE):
+    """The instructor copy called ``name`` (it may not exist: check ``.is_file()``)."""
+    return _dir(source_dir).joinpath(name)
+
+
+def sources(source_dir=SOURCE) -> list:
+    """The instructor notebooks in ``source_dir`` (default: the package's), sorted by name."""
+    found = [p for p in _dir(source_dir).iterdir() if p.name.endswith(".ipynb") and p.is_file()]
+    return sorted(found, key=lambda p: p.name)
+
+
+def read(path) -> nbformat.NotebookNode:
+    """A notebook from a path or a package resource."""
+    return nbformat.reads(_dir(path).read_text(encoding="utf-8"), as_version=4)
+
 
 def _region(begin: str, end: str) -> re.Pattern:
     """From a ``### BEGIN ...`` line to its ``### END ...`` line; group 1 = the indentation."""
@@ -57,22 +85,23 @@ def release_notebook(source_nb):
     return nb
 
 
-def release(source_dir: Path = SOURCE, out_dir: Path = LABS) -> list[Path]:
+def release(source_dir=SOURCE, out_dir=LEARNER_DIR) -> list[Path]:
     """Write ``out_dir/<name>.ipynb`` for every instructor notebook; return the paths."""
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
     written = []
-    for src in sorted(Path(source_dir).glob("*.ipynb")):
-        nb = release_notebook(nbformat.read(src, as_version=4))
+    for src in sources(source_dir):
+        nb = release_notebook(read(src))
         out = Path(out_dir) / src.name
         nbformat.write(nb, out)
         written.append(out)
     return written
 
 
-def out_of_date(source_dir: Path = SOURCE, out_dir: Path = LABS) -> list[str]:
+def out_of_date(source_dir=SOURCE, out_dir=LEARNER_DIR) -> list[str]:
     """Learner copies that differ from what ``release`` would write now (or are missing)."""
     stale = []
-    for src in sorted(Path(source_dir).glob("*.ipynb")):
-        want = json.loads(nbformat.writes(release_notebook(nbformat.read(src, as_version=4))))
+    for src in sources(source_dir):
+        want = json.loads(nbformat.writes(release_notebook(read(src))))
         out = Path(out_dir) / src.name
         if not out.exists() or json.loads(out.read_text()) != want:
             stale.append(out.name)

@@ -1,1 +1,9 @@
-"""Helpers shared by the tests: leak checking, families of processes, waiting, notebooks."""
+"""Helpers shared by the tests, one package: leak checking, torch and shmlab side by side, waiting,
+notebooks, and the manager tests' fixtures.
+
+leakcheck (plugin, autouse)  fail a test that leaves /dev/shm files, children or managers behind
+families (plugin)            LIBS, both(), the `families` fixture: torch and shmlab side by side
+managers (plugin)            the `segment` and `fresh_client` fixtures of the manager tests
+waiting                      wait_for(), stop()
+nbutil                       find, execute and inspect notebooks
+"""

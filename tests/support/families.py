@@ -1,5 +1,8 @@
-"""Fixtures for the file_system and fault tests: torch and shmlab families side by side.
+"""torch and shmlab side by side: the one "run on both libraries" helper of the tests.
 
+``LIBS`` names the two libraries (loop or parametrize over it), ``both(scenario, ...)`` runs one
+scenario on each and returns ``{lib: observation}`` for a parity test to compare, and the
+``families`` fixture starts one process family per library for the file_system and fault tests.
 Loaded as a plugin by conftest.py; nothing here is autouse.
 """
 
@@ -9,8 +12,14 @@ import pytest
 
 from shmlab.stress import Family
 
+# The same tuple as shmlab.demo.libs.LIBS (the package's own helper for notebooks and stress).
 LIBS = ("torch", "shmlab")
 FD = "file_descriptor"
+
+
+def both(scenario, *args):
+    """Run ``scenario(lib, *args)`` for torch and shmlab; return {lib: observation}."""
+    return {lib: scenario(lib, *args) for lib in LIBS}
 
 
 @pytest.fixture

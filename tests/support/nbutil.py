@@ -16,7 +16,7 @@ from pathlib import Path
 import nbformat
 from nbclient import NotebookClient
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 # Executed as tests: the step-by-step notebooks. The labs run through the grader in
 # test_labs.py instead (instructor copies must score full marks, learner copies zero), so they
 # are not executed twice.
@@ -49,7 +49,9 @@ def tracked_notebooks() -> list[Path]:
             timeout=30,
         ).stdout
     except (OSError, subprocess.CalledProcessError):  # no git, or not a checkout git trusts
-        return find_notebooks((REPO / "notebooks", REPO / "labs", REPO / "labs" / "source"))
+        return find_notebooks(
+            (REPO / "notebooks", REPO / "labs", REPO / "shmlab" / "labs" / "source")
+        )
     names = [n for n in out.decode().split("\0") if n]
     return sorted(REPO / n for n in names if (REPO / n).is_file())
 

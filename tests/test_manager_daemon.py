@@ -1,8 +1,9 @@
-"""The shm manager daemon and its client, with real processes, sockets and /dev/shm files.
+"""The shm manager daemon, with real processes, sockets and /dev/shm files.
 
-Mirrors: torch/lib/libshm/manager.cpp and core.cpp (what torch_shm_manager promises).
+Mirrors: torch/lib/libshm/manager.cpp (what torch_shm_manager promises).
 Most tests use a 0.3 s grace period so the suite stays fast; the leak checker then sees the
-daemon exit well inside its own wait.
+daemon exit well inside its own wait. The client's own tests are in test_manager_client.py;
+the `segment` and `fresh_client` fixtures both use are in support/managers.py.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ import json
 import os
 import pwd
 import resource
-import secrets
 import selectors
 import shutil
 import signal
@@ -23,11 +23,9 @@ import tempfile
 import time
 
 import pytest
+from support.managers import GRACE, SHM, exists
 
 from shmlab.manager import client as mc
-
-GRACE = "0.3"
-SHM = "/dev/shm"
 
 
 # -- helpers ------------------------------------------------------------------------------------
@@ -112,31 +110,6 @@ def daemon():
         shutil.rmtree(d.dir, ignore_errors=True)  # only left behind by a killed manager
 
 
-@pytest.fixture
-def segment():
-    """Make real /dev/shm files named like shmlab's (or any prefix); unlink survivors."""
-    made: list[str] = []
-
-    def make(prefix: str = "shmlab") -> str:
-        name = f"{prefix}_{os.getpid()}_{secrets.randbelow(10**9)}_{len(made)}"
-        fd = os.open(os.path.join(SHM, name), os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
-        os.write(fd, bytes(64))  # a header's worth, like a real segment
-        os.close(fd)
-        made.append(name)
-        return name
-
-    yield make
-    for name in made:
-        try:
-            os.unlink(os.path.join(SHM, name))
-        except FileNotFoundError:
-            pass
-
-
-def exists(name: str) -> bool:
-    return os.path.lexists(os.path.join(SHM, name))
-
-
 def status(path: str) -> dict:
     return mc.peek_status(path.encode())
 
@@ -151,15 +124,6 @@ def status_once_served(path: str, within: float = 5) -> dict:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.05)
-
-
-@pytest.fixture
-def fresh_client(monkeypatch):
-    """The client module with an empty table and a short grace for managers it starts."""
-    monkeypatch.setenv("SHMLAB_MANAGER_GRACE", GRACE)
-    mc.reset()
-    yield mc
-    mc.reset()
 
 
 # -- start, handshake, detachment ---------------------------------------------------------------
@@ -437,75 +401,3 @@ def test_a_socket_path_too_long_is_an_error_line_and_leaves_no_directory(tmp_pat
                          text=True, timeout=10, env=dict(os.environ, TMPDIR=str(deep)))
     assert out.returncode == 1 and out.stdout.startswith("ERROR: "), out.stdout
     assert list(deep.iterdir()) == []  # the half-made private directory was removed
-
-
-# -- the client ---------------------------------------------------------------------------------
-@pytest.mark.timeout(20)
-def test_client_starts_lazily_and_fork_children_open_their_own_connection(fresh_client,
-                                                                          segment):
-    parent_seg, child_seg = segment(), segment()
-    client = mc.get_client()  # no manager yet: this starts one
-    assert mc.get_client() is client and mc.get_client(client.handle) is client
-    client.register("/" + parent_seg)
-    pid = os.fork()
-    if pid == 0:  # the child: same manager, a connection of its own
-        code = 1
-        try:
-            mine = mc.get_client()
-            ok = mine is not client and mine.handle == client.handle
-            mine.register(child_seg)
-            code = 0 if ok and mine.status()["clients"] == 2 else 2
-        finally:
-            os._exit(code)
-    assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
-    deadline = time.monotonic() + 5
-    while client.status()["clients"] != 1 and time.monotonic() < deadline:
-        time.sleep(0.02)  # the child's exit closed its connection, not ours
-    st = client.status()
-    assert st["clients"] == 1 and st["segments"] == sorted([parent_seg, child_seg])
-    with pytest.raises(ValueError, match="not a shmlab segment name"):
-        client.register("torch_1_2_3")  # checked before anything is sent
-    with pytest.raises(TypeError):
-        client.register(42)
-    events = client.watch(timeout=5)
-    mc.reset()  # closes our connection: the last client is gone
-    assert sorted(e["name"] for e in events if e["event"] == "reclaimed") == sorted(
-        [parent_seg, child_seg])
-
-
-@pytest.mark.timeout(20)
-def test_registration_times_out_after_one_second_when_the_manager_stalls(fresh_client,
-                                                                         segment):
-    client = mc.get_client()
-    pid = client.status()["pid"]
-    os.kill(pid, signal.SIGSTOP)
-    try:
-        start = time.monotonic()
-        with pytest.raises(mc.ManagerError, match="not answering.*reset"):
-            client.register(segment())
-        assert time.monotonic() - start < 10  # loose on purpose: "gave up", not "hung"
-    finally:
-        os.kill(pid, signal.SIGCONT)
-    assert client.closed  # a late OK must not be taken as the answer to the next request
-
-
-@pytest.mark.timeout(20)
-def test_killed_manager_leaves_segments_and_the_client_says_what_to_do(fresh_client, segment):
-    name = segment()
-    client = mc.get_client()
-    client.register(name)
-    old = client.handle
-    pid = client.status()["pid"]
-    os.kill(pid, signal.SIGKILL)
-    for proc in mc._started:  # it was our child: reap it
-        proc.wait(5)
-    assert exists(name)  # nothing reclaimed: the segment still works for whoever maps it
-    client.free(name)  # best effort, silent: a storage finalizer calls this
-    with pytest.raises(mc.ManagerError, match="reset"):
-        client.register(name)
-    with pytest.raises(mc.ManagerError, match="exited, was killed"):
-        mc.get_client()  # this process's manager is that dead one: no silent restart
-    mc.reset()  # the documented way forward: forget it, start afresh
-    fresh = mc.get_client()
-    assert fresh.handle != old and fresh.status()["segments"] == []
-    shutil.rmtree(os.path.dirname(old.decode()))  # a SIGKILLed manager cannot clean its dir

@@ -11,18 +11,13 @@ from multiprocessing.reduction import ForkingPickler
 
 import numpy as np
 import pytest
-from waiting import stop
+from support.families import LIBS, both
+from support.waiting import stop
 
 from shmlab import workers
 from shmlab.workers import fd_count, load, new_tensor, shm_fd_count
 
-LIBS = ("torch", "shmlab")
 METHODS = ("fork", "spawn", "forkserver")
-
-
-def both(scenario, *args):
-    """Run ``scenario(lib, *args)`` for torch and shmlab; return {lib: observation}."""
-    return {lib: scenario(lib, *args) for lib in LIBS}
 
 
 # --- 1. pickling moves the storage into shared memory; the pickle stays tiny ----------------

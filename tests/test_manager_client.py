@@ -1,0 +1,90 @@
+"""The shm manager's client: lazy start, one connection per process, timeouts, a dead manager.
+
+Mirrors: torch/lib/libshm/core.cpp (THManagedMapAllocator's side of torch_shm_manager).
+The `segment` and `fresh_client` fixtures are in support/managers.py; the daemon's own tests are
+in test_manager_daemon.py.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import time
+
+import pytest
+from support.managers import exists
+
+from shmlab import _manager_client as mc
+
+
+# -- the client ---------------------------------------------------------------------------------
+@pytest.mark.timeout(20)
+def test_client_starts_lazily_and_fork_children_open_their_own_connection(fresh_client,
+                                                                          segment):
+    parent_seg, child_seg = segment(), segment()
+    client = mc.get_client()  # no manager yet: this starts one
+    assert mc.get_client() is client and mc.get_client(client.handle) is client
+    client.register("/" + parent_seg)
+    pid = os.fork()
+    if pid == 0:  # the child: same manager, a connection of its own
+        code = 1
+        try:
+            mine = mc.get_client()
+            ok = mine is not client and mine.handle == client.handle
+            mine.register(child_seg)
+            code = 0 if ok and mine.status()["clients"] == 2 else 2
+        finally:
+            os._exit(code)
+    assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+    deadline = time.monotonic() + 5
+    while client.status()["clients"] != 1 and time.monotonic() < deadline:
+        time.sleep(0.02)  # the child's exit closed its connection, not ours
+    st = client.status()
+    assert st["clients"] == 1 and st["segments"] == sorted([parent_seg, child_seg])
+    with pytest.raises(ValueError, match="not a shmlab segment name"):
+        client.register("torch_1_2_3")  # checked before anything is sent
+    with pytest.raises(TypeError):
+        client.register(42)
+    events = client.watch(timeout=5)
+    mc.reset()  # closes our connection: the last client is gone
+    assert sorted(e["name"] for e in events if e["event"] == "reclaimed") == sorted(
+        [parent_seg, child_seg])
+
+
+@pytest.mark.timeout(20)
+def test_registration_times_out_after_one_second_when_the_manager_stalls(fresh_client,
+                                                                         segment):
+    client = mc.get_client()
+    pid = client.status()["pid"]
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        start = time.monotonic()
+        with pytest.raises(mc.ManagerError, match="not answering.*reset"):
+            client.register(segment())
+        assert time.monotonic() - start < 10  # loose on purpose: "gave up", not "hung"
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert client.closed  # a late OK must not be taken as the answer to the next request
+
+
+@pytest.mark.timeout(20)
+def test_killed_manager_leaves_segments_and_the_client_says_what_to_do(fresh_client, segment):
+    name = segment()
+    client = mc.get_client()
+    client.register(name)
+    old = client.handle
+    pid = client.status()["pid"]
+    os.kill(pid, signal.SIGKILL)
+    for proc in mc._started:  # it was our child: reap it
+        proc.wait(5)
+    assert exists(name)  # nothing reclaimed: the segment still works for whoever maps it
+    client.free(name)  # best effort, silent: a storage finalizer calls this
+    with pytest.raises(mc.ManagerError, match="reset"):
+        client.register(name)
+    with pytest.raises(mc.ManagerError, match="exited, was killed"):
+        mc.get_client()  # this process's manager is that dead one: no silent restart
+    mc.reset()  # the documented way forward: forget it, start afresh
+    fresh = mc.get_client()
+    assert fresh.handle != old and fresh.status()["segments"] == []
+    shutil.rmtree(os.path.dirname(old.decode()))  # a SIGKILLed manager cannot clean its dir
