@@ -15,7 +15,7 @@ import time
 import pytest
 from support.managers import exists
 
-from shmlab import _manager_client as mc
+from shmlab.manager import client as mc
 
 
 # -- the client ---------------------------------------------------------------------------------

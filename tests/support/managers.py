@@ -10,7 +10,7 @@ import secrets
 
 import pytest
 
-from shmlab import _manager_client as mc
+from shmlab.manager import client as mc
 
 GRACE = "0.3"  # seconds: managers started by the tests exit this long after their last client
 SHM = "/dev/shm"
