@@ -6,6 +6,7 @@ import multiprocessing
 import os
 import signal
 import time
+import weakref
 
 import numpy as np
 import psutil
@@ -41,8 +42,19 @@ def _write_first(t, value):
     return shmlab.from_numpy(np.arange(3, dtype=np.float32)).share_memory_()
 
 
+class Held:
+    """An object whose death a table can see (a stand-in for a tensor's storage)."""
+
+
+def _fail_holding(kept):
+    local = Held()
+    kept.append(weakref.ref(local))
+    raise RuntimeError("failed while holding a Held")
+
+
 def table(offset, mark=None):
     """A small table: what every test below drives."""
+    kept = []
 
     def on_exit():
         if mark:
@@ -51,7 +63,9 @@ def table(offset, mark=None):
 
     return {"add": lambda x: x + offset, "div": lambda a, b: a / b, "sleep": time.sleep,
             "pid": os.getpid, "unpicklable": _raise_unpicklable, "fork_sleeper": _fork_sleeper,
-            "write_first": _write_first, "exit": on_exit}
+            "write_first": _write_first, "exit": on_exit,
+            "fail_holding": lambda: _fail_holding(kept),
+            "held_alive": lambda: [r() is not None for r in kept]}
 
 
 def broken_table():
@@ -83,6 +97,14 @@ def test_a_command_that_raises_is_an_actor_error_with_type_message_and_traceback
     with pytest.raises(ActorError, match="unknown command 'nope'"):
         actor("nope")
     assert actor("add", 1) == 11  # the child serves on
+
+
+def test_a_failed_command_keeps_nothing_alive_in_the_child(actor):
+    # The exception's traceback holds the command's frame: kept, it would keep a tensor's
+    # memory alive after the table dropped it (torch then never frees it at all).
+    with pytest.raises(ActorError, match="failed while holding"):
+        actor("fail_holding")
+    assert actor("held_alive") == [False]
 
 
 def test_a_table_that_cannot_be_built_fails_the_first_call():

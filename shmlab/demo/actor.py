@@ -102,6 +102,9 @@ def _portable(exc: Exception) -> Exception | None:
 
 def _error(seq: int, exc: Exception) -> tuple:
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    # Drop the frames: they hold the command's locals (tensors!) alive for as long as the
+    # exception lives, and a tensor must be freed when its table lets go of it.
+    exc.__traceback__ = None
     return (seq, "error", type(exc).__name__, str(exc), tb, _portable(exc))
 
 
@@ -115,6 +118,15 @@ def _send(conn, reply: tuple) -> None:
         conn.send(reply[:5] + (None,))  # the exception's text still goes
 
 
+def _run(commands: dict, seq: int, name: str, args: tuple) -> tuple:
+    try:
+        if name not in commands:
+            raise KeyError(f"unknown command {name!r}; this table has {sorted(commands)}")
+        return (seq, "ok", commands[name](*args))
+    except Exception as exc:  # noqa: BLE001 - reported to the parent, who decides
+        return _error(seq, exc)
+
+
 def serve(conn, commands: dict) -> None:
     """Run ``commands[name](*args)`` for each message on ``conn`` and answer it, until ``exit``,
     EOF or the parent's death; then call ``commands["exit"]()`` if the table has one."""
@@ -124,13 +136,10 @@ def serve(conn, commands: dict) -> None:
             if name == "exit":
                 _send(conn, (seq, "ok", None))
                 return
-            try:
-                if name not in commands:
-                    raise KeyError(f"unknown command {name!r}; this table has {sorted(commands)}")
-                reply = (seq, "ok", commands[name](*args))
-            except Exception as exc:  # noqa: BLE001 - reported to the parent, who decides
-                reply = _error(seq, exc)
+            reply = _run(commands, seq, name, args)
+            del msg, args  # hold nothing between commands: arguments may be tensors ...
             _send(conn, reply)
+            del reply  # ... and so may replies; a table decides what it keeps
     finally:
         if "exit" in commands:
             commands["exit"]()
@@ -247,6 +256,12 @@ class Actor:
         return ActorDied(command, self.pid, self._proc.exitcode)
 
     # -- ends of life --------------------------------------------------------------------------
+    def join(self, timeout: float | None = None) -> int | None:
+        """Wait for the child to end by itself (told to, or killed from elsewhere); its exit
+        code, None if it still runs after ``timeout``."""
+        self._proc.join(timeout)
+        return self._proc.exitcode
+
     def exit(self, timeout: float = 30.0) -> None:
         """Ask the child to exit (its table lets go first); SIGKILL it if it does not answer
         and exit within ``timeout``. Safe to call twice, and on a child that already died."""

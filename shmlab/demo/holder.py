@@ -176,8 +176,8 @@ class Holder:
                 "recvfds_calls": FdArrivals.calls}
 
     # -- the stress family's commands: on the tensors under FAMILY, in arrival order ------
-    def share(self, n, size):
-        mine = self.tensors(FAMILY)
+    def share(self, n, size, mine=None):
+        mine = self.tensors(FAMILY) if mine is None else mine
         for _ in range(n):
             mine.append(self.full(size, len(mine) + 1).share_memory_())
         return {"segments": [segment(t, self.strategy) for t in mine],
@@ -218,9 +218,8 @@ class Holder:
         if pid == 0:  # the grandchild: no multiprocessing machinery, report and leave
             code = 1
             try:
-                os.close(rfd)
-                self.held = {}
-                os.write(wfd, json.dumps(self.share(1, 4)).encode())
+                os.close(rfd)  # (we never drop the parent's tensors here: that would free them)
+                os.write(wfd, json.dumps(self.share(1, 4, mine=[])).encode())
                 code = 0
             finally:
                 os._exit(code)
