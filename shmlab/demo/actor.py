@@ -169,7 +169,7 @@ class Actor:
             ctx = multiprocessing.get_context(ctx)
         self._conn, theirs = ctx.Pipe()
         self._proc = ctx.Process(target=_child, args=(theirs, commands, args), daemon=True,
-                                 name=name or getattr(commands, "__qualname__", None))
+                                 name=name or f"{commands.__module__}.{commands.__qualname__}")
         self._proc.start()
         theirs.close()  # the child's copy is the only one left: its death closes the pipe
         self.pid: int = self._proc.pid
