@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from shmlab.stress import Family
+from shmlab.tools.family import Family
 
 # The same tuple as shmlab.demo.libs.LIBS (the package's own helper for notebooks and stress).
 LIBS = ("torch", "shmlab")
