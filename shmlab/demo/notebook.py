@@ -1,0 +1,271 @@
+"""The notebook helper: one object owns what a notebook starts, and takes it all down.
+
+A notebook that teaches tensor sharing starts children (actors, Processes, Pools), and their
+``file_system`` allocations start manager daemons that outlive them by a 2-second grace period.
+Without help, each notebook carried ~130 lines of set-up and teardown to track them. Here:
+
+    session = Session(os.environ.get("SHMLAB_START_METHOD") or None)
+    receiver = session.holder("torch", session.queue())   # an Actor, tracked
+    session.our_files(), session.our_managers()            # what *this* notebook made
+    session.close()                                        # strategies back, children gone,
+                                                           # managers' grace waited out
+``close()`` is safe to call twice and is registered with ``atexit``, so a kernel restart or
+exit cleans up too.
+
+Mirrors: multiprocessing.util._exit_function (the atexit hook that terminates and joins a
+process's children), widened to one notebook's children, pools and manager daemons.
+"""
+
+from __future__ import annotations
+
+import atexit
+import gc
+import importlib
+import multiprocessing
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from shmlab import introspect
+
+LIBS = ("torch", "shmlab")  # the two libraries every experiment runs on, side by side
+OWNERS = ("torch", "shmlab")  # introspect's owner of a torch_/shmlab_ segment
+
+
+def load(lib: str):
+    """(tensor library, its multiprocessing module) for "torch" or "shmlab"."""
+    if lib not in LIBS:
+        raise ValueError(f"lib must be one of {LIBS}, got {lib!r}")
+    return importlib.import_module(lib), importlib.import_module(f"{lib}.multiprocessing")
+
+
+def _in_ipython() -> bool:
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    return get_ipython() is not None
+
+
+def _display(obj, text=None) -> None:
+    """IPython's display() in a kernel; elsewhere (scripts, tests) print `text` or `obj`."""
+    if not _in_ipython():
+        print(obj if text is None else text)
+        return
+    from IPython.display import display
+
+    display(obj)
+
+
+def markdown_table(head, rows) -> str:
+    """The Markdown text of a small table."""
+    lines = ["| " + " | ".join(map(str, head)) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def show_table(head, rows) -> None:
+    """A small Markdown table (readable in light and dark themes, and as text headless)."""
+    text = markdown_table(head, rows)
+    if not _in_ipython():
+        print(text)
+        return
+    from IPython.display import Markdown
+
+    _display(Markdown(text))
+
+
+def make_widget(make):
+    """`make` is a widget class name of shmlab.widgets ("FdMonitor") or a callable."""
+    if isinstance(make, str):
+        return getattr(importlib.import_module("shmlab.widgets"), make)()
+    return make()
+
+
+def show_widget(make):
+    """Display a live widget if one can be made here; return it, or None (never raises)."""
+    try:
+        widget = make_widget(make)
+        _display(widget)
+    except Exception as exc:  # noqa: BLE001 - no widget here (headless, or not installed)
+        print(f"(live widget not available: {type(exc).__name__}: {exc})")
+        return None
+    return widget
+
+
+def side_by_side(scenario, libs=LIBS) -> dict:
+    """Run ``scenario(lib)`` for every lib at once, one thread each; return {lib: result}.
+
+    Each thread drives its own children, so torch and shmlab wait on their children in
+    parallel: half the wall time on a 2-core machine. The first exception is re-raised.
+    """
+    with ThreadPoolExecutor(len(libs)) as pool:
+        futures = {lib: pool.submit(scenario, lib) for lib in libs}
+        return {lib: f.result() for lib, f in futures.items()}
+
+
+def our_files(pids) -> list[str]:
+    """torch_/shmlab_ files in /dev/shm whose name says one of `pids` created them."""
+    pids = set(pids)
+    return sorted(s.name for s in introspect.shm_segments()
+                  if s.owner in OWNERS and s.creator_pid in pids)
+
+
+class Session:
+    """What one notebook started, and the one call that takes it down: ``close()``.
+
+    Attributes: ``ctx`` (the multiprocessing context of every child), ``libs`` and ``mp``
+    ({lib: module}), ``strategies`` (the sharing strategies when the session began, put back by
+    ``close``), ``pids`` (this kernel and every process seen in its family).
+    """
+
+    def __init__(self, start_method: str | None = None, libs=LIBS):
+        self.ctx = multiprocessing.get_context(start_method)
+        loaded = {lib: load(lib) for lib in libs}
+        self.libs = {lib: tlib for lib, (tlib, _) in loaded.items()}
+        self.mp = {lib: mp for lib, (_, mp) in loaded.items()}
+        self.strategies = {lib: mp.get_sharing_strategy() for lib, mp in self.mp.items()}
+        self.pids = {os.getpid()}
+        self.manager_pids: set[int] = set()  # remembered once seen: they outlive their parent
+        self._children, self._pools, self._queues, self._widgets = [], [], [], []
+        self.closed = False
+        atexit.register(self.close)
+
+    @property
+    def start_method(self) -> str:
+        return self.ctx.get_start_method()
+
+    def __repr__(self) -> str:
+        return (f"Session(start method {self.start_method!r}, {len(self._children)} children, "
+                f"{len(self._pools)} pools, strategies {self.strategies})")
+
+    # --- starting and tracking -------------------------------------------------------------
+    def track(self, obj):
+        """Remember a child (anything with ``.pid``, or a pid), to take it down in close()."""
+        if isinstance(obj, int):
+            self.pids.add(obj)
+        else:
+            self._children.append(obj)
+            if getattr(obj, "pid", None):
+                self.pids.add(obj.pid)
+        return obj
+
+    def actor(self, commands, *args, name=None):
+        """A tracked ``shmlab.demo.actor.Actor(commands, *args)`` in this session's context."""
+        from shmlab.demo.actor import Actor
+
+        return self.track(Actor(commands, *args, ctx=self.ctx, name=name))
+
+    def holder(self, lib: str, dataq, name=None):
+        """A tensor-holding actor for `lib` that receives from `dataq` (notebooks 04 and 05)."""
+        from shmlab.demo import holder
+
+        return self.actor(holder.commands, lib, dataq, name=name)
+
+    def process(self, target, *args, ctx=None, **kwargs):
+        """Start and track a daemon ``Process(target, args, kwargs)``."""
+        p = (ctx or self.ctx).Process(target=target, args=args, kwargs=kwargs, daemon=True)
+        p.start()
+        return self.track(p)
+
+    def pool(self, processes: int, ctx=None, **kwargs):
+        """A tracked ``Pool``; close() terminates it. Its workers' pids join ``pids``."""
+        pool = (ctx or self.ctx).Pool(processes, **kwargs)
+        self._pools.append(pool)
+        self._see_family()
+        return pool
+
+    def queue(self, ctx=None):
+        """A tracked ``Queue`` (closed in close(), so its feeder thread does not linger)."""
+        q = (ctx or self.ctx).Queue()
+        self._queues.append(q)
+        return q
+
+    def widget(self, make):
+        """``show_widget(make)``, and close the widget in close()."""
+        w = show_widget(make)
+        if w is not None:
+            self._widgets.append(w)
+        return w
+
+    # --- looking ---------------------------------------------------------------------------
+    def _see_family(self) -> None:
+        self.pids.update(introspect.process_family())
+
+    def our_files(self) -> list[str]:
+        """torch_/shmlab_ files in /dev/shm made by this kernel or a process it started."""
+        self._see_family()
+        return our_files(self.pids)
+
+    def our_managers(self) -> list:
+        """The manager daemons (introspect.ManagerInfo) our processes started."""
+        self._see_family()
+        alive = introspect.managers()
+        self.manager_pids.update(m.pid for m in alive if m.ppid in self.pids)
+        return [m for m in alive if m.pid in self.manager_pids]
+
+    def side_by_side(self, scenario) -> dict:
+        """``side_by_side(scenario)`` over this session's libraries."""
+        return side_by_side(scenario, tuple(self.libs))
+
+    # --- taking down -----------------------------------------------------------------------
+    def restore_strategies(self) -> None:
+        """Put every library's sharing strategy back to what it was when the session began."""
+        for lib, strategy in self.strategies.items():
+            self.mp[lib].set_sharing_strategy(strategy)
+
+    def _stop_children(self) -> None:
+        for w in self._widgets:
+            try:
+                w.close()
+            except Exception:  # noqa: BLE001, S110 - a widget that is already closed
+                pass
+        for pool in self._pools:
+            pool.terminate()
+            pool.join()
+        for child in self._children:
+            _stop(child)
+        for q in self._queues:
+            q.close()
+            q.join_thread()
+        self._widgets, self._pools, self._children, self._queues = [], [], [], []
+
+    def leftovers(self) -> dict:
+        """{"files": [...], "managers": [pid, ...]} still here of this session."""
+        return {"files": self.our_files(), "managers": [m.pid for m in self.our_managers()]}
+
+    def close(self, timeout: float = 30.0) -> dict:
+        """Restore the strategies, stop widgets, actors, pools and processes, then wait (up to
+        `timeout` s) for our files and managers to go (the managers' 2 s grace). Returns
+        ``leftovers()``; safe to call again."""
+        self.our_managers()  # remember the managers while their parents are still alive
+        self.restore_strategies()
+        self._stop_children()
+        gc.collect()
+        deadline = time.monotonic() + timeout
+        while any(self.leftovers().values()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        self.closed = True
+        atexit.unregister(self.close)
+        return self.leftovers()
+
+    def report(self, left: dict | None = None) -> None:
+        """Print what close() left (nothing, normally) and the strategies now in force."""
+        left = self.leftovers() if left is None else left
+        now = ", ".join(f"{lib} {mp.get_sharing_strategy()}" for lib, mp in self.mp.items())
+        print(f"strategies restored: {now}")
+        print("left in /dev/shm:", left["files"] or "nothing",
+              "| managers left:", left["managers"] or "none")
+
+
+def _stop(child) -> None:
+    """Take one child down: an Actor politely (it has exit()), a Process by join, then kill."""
+    if hasattr(child, "exit"):
+        child.exit()
+        return
+    if isinstance(child, int):
+        return
+    child.join(5)
+    if child.exitcode is None:
+        child.kill()
+        child.join(10)
