@@ -17,8 +17,7 @@ import weakref
 import numpy as np
 
 from . import _shm
-
-_FD, _FILENAME = "file_descriptor", "file_system"
+from ._shm import FILE_DESCRIPTOR, FILE_SYSTEM
 
 
 def _release(kind: str, fd: int, name: str | None, manager: bytes | None, pid: int) -> None:
@@ -30,11 +29,11 @@ def _release(kind: str, fd: int, name: str | None, manager: bytes | None, pid: i
     child never counted itself in, so only the process that did (``pid``) may count itself
     out.
     """
-    if kind == _FD and fd >= 0:
+    if kind == FILE_DESCRIPTOR and fd >= 0:
         os.close(fd)  # the storage owned this fd; the mapping itself goes with its last view
-    elif kind == _FILENAME and os.getpid() == pid:
+    elif kind == FILE_SYSTEM and os.getpid() == pid:
         _shm.decref(name)  # the last holder unlinks the name
-        from ._manager_client import get_client
+        from .manager.client import get_client
 
         try:
             get_client(manager).free(name.lstrip("/"))  # tell the manager it may forget it
@@ -49,7 +48,7 @@ class UntypedStorage:
         if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes < 0:
             raise TypeError(f"UntypedStorage(nbytes): nbytes must be an int >= 0, got {nbytes!r}")
         self._data = np.zeros(nbytes, dtype=np.uint8)  # private bytes until shared
-        self._kind: str | None = None  # None | "file_descriptor" | "file_system"
+        self._kind: str | None = None  # None | FILE_DESCRIPTOR | FILE_SYSTEM
         self._fd = -1  # file_descriptor: the fd this storage owns
         self._name: str | None = None  # file_system: "/shmlab_<pid>_<rand>_<n>"
         self._manager: bytes | None = None  # file_system: the manager's socket path
@@ -79,7 +78,8 @@ class UntypedStorage:
         return self.nbytes()
 
     def __repr__(self) -> str:
-        where = {None: "private", _FD: f"shared fd={self._fd}", _FILENAME: f"shared {self._name}"}
+        where = {None: "private", FILE_DESCRIPTOR: f"shared fd={self._fd}",
+                 FILE_SYSTEM: f"shared {self._name}"}
         return f"shmlab.UntypedStorage({self.nbytes()} bytes, {where[self._kind]})"
 
     # --- moving into shared memory ------------------------------------------------------
@@ -88,7 +88,7 @@ class UntypedStorage:
         from .multiprocessing import get_sharing_strategy
 
         if not self.is_shared():
-            if get_sharing_strategy() == _FILENAME:
+            if get_sharing_strategy() == FILE_SYSTEM:
                 self._share_filename_cpu_()
             else:
                 self._share_fd_cpu_()
@@ -104,13 +104,13 @@ class UntypedStorage:
 
     def _share_fd_cpu_(self) -> tuple[int, int]:
         """file_descriptor: move into an unlinked segment; return (fd, nbytes). We keep the fd."""
-        if self._kind != _FD:
+        if self._kind != FILE_DESCRIPTOR:
             n = self.nbytes()
             if n == 0:  # nothing to map: torch returns fd -1 as well
-                self._adopt(self._data, _FD)
+                self._adopt(self._data, FILE_DESCRIPTOR)
             else:
                 fd, mapping = _shm.create_unlinked(n, memoryview(self._data))
-                self._adopt(np.frombuffer(mapping.buffer(), np.uint8), _FD, fd=fd)
+                self._adopt(np.frombuffer(mapping.buffer(), np.uint8), FILE_DESCRIPTOR, fd=fd)
         return self._fd, self.nbytes()
 
     @classmethod
@@ -120,14 +120,14 @@ class UntypedStorage:
             raise ValueError(f"_new_shared_fd_cpu needs an open fd, got {fd!r}")
         own, mapping = _shm.map_fd(fd, size)
         self = cls._wrap(np.frombuffer(mapping.buffer(), np.uint8))
-        self._adopt(self._data, _FD, fd=own)
+        self._adopt(self._data, FILE_DESCRIPTOR, fd=own)
         return self
 
     def _share_filename_cpu_(self) -> tuple[bytes, bytes, int]:
         """file_system: move into a named, refcounted segment; return (manager, name, nbytes)."""
-        from ._manager_client import get_client
+        from .manager.client import get_client
 
-        if self._kind != _FILENAME:
+        if self._kind != FILE_SYSTEM:
             client = get_client()  # starts the manager daemon on first use
             name = _shm.new_name()
             client.register(name.lstrip("/"))  # registered before it exists, as torch does
@@ -137,13 +137,13 @@ class UntypedStorage:
                 client.free(name.lstrip("/"))
                 raise
             data = np.frombuffer(mapping.buffer(_shm.HEADER_SIZE), np.uint8)
-            self._adopt(data, _FILENAME, name=name, manager=client.handle)
+            self._adopt(data, FILE_SYSTEM, name=name, manager=client.handle)
         return self._manager, self._name.encode(), self.nbytes()
 
     @classmethod
     def _new_shared_filename_cpu(cls, manager: bytes, name: bytes, size: int) -> UntypedStorage:
         """Receiver: attach to a named segment (+1 on its refcount) and tell its manager."""
-        from ._manager_client import get_client
+        from .manager.client import get_client
 
         name_s = name.decode() if isinstance(name, bytes) else str(name)
         client = get_client(manager)
@@ -154,18 +154,18 @@ class UntypedStorage:
             client.free(name_s.lstrip("/"))
             raise
         self = cls._wrap(np.frombuffer(mapping.buffer(_shm.HEADER_SIZE), np.uint8))
-        self._adopt(self._data, _FILENAME, name=name_s, manager=client.handle)
+        self._adopt(self._data, FILE_SYSTEM, name=name_s, manager=client.handle)
         return self
 
     def _shared_incref(self) -> UntypedStorage:
         """file_system: count one more holder (the sender does this for a message in flight)."""
-        if self._kind == _FILENAME:
+        if self._kind == FILE_SYSTEM:
             _shm.incref(self._name)
         return self
 
     def _shared_decref(self) -> UntypedStorage:
         """file_system: count one holder fewer (the receiver releases the in-flight count)."""
-        if self._kind == _FILENAME:
+        if self._kind == FILE_SYSTEM:
             _shm.decref(self._name)
         return self
 

@@ -146,7 +146,7 @@ def _limit_fds(lib, data, held, nofile: int) -> dict:
 
 def _reset_manager(lib, data, held) -> dict:
     """shmlab only: forget a dead manager, as its ManagerError says to."""
-    from . import _manager_client
+    from .manager import client as _manager_client
 
     _manager_client.reset()
     return {}

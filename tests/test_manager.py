@@ -24,7 +24,7 @@ import time
 
 import pytest
 
-from shmlab import _manager_client as mc
+from shmlab.manager import client as mc
 
 GRACE = "0.3"
 SHM = "/dev/shm"
@@ -182,7 +182,7 @@ def test_handshake_private_dir_own_session_and_exit_when_nobody_comes(daemon):
 def test_ctrl_c_to_the_starters_process_group_does_not_kill_the_manager(tmp_path):
     # The starter runs in its own process group, as a notebook kernel or a terminal job does;
     # SIGINT to that whole group (Ctrl-C) kills the starter but not the detached daemon.
-    script = ("from shmlab._manager_client import get_client; import time\n"
+    script = ("from shmlab.manager.client import get_client; import time\n"
               "c = get_client(); print(c.handle.decode(), c.status()['pid'], flush=True)\n"
               "time.sleep(30)\n")
     env = dict(os.environ, SHMLAB_MANAGER_GRACE="1")
@@ -232,7 +232,7 @@ def test_killed_client_segment_is_reclaimed_and_watcher_sees_it_without_keeping_
     events = mc.watch(d.path.encode(), timeout=5)  # subscribed once this returns
     client = subprocess.Popen(
         [sys.executable, "-c",
-         "import sys, time; from shmlab._manager_client import get_client\n"
+         "import sys, time; from shmlab.manager.client import get_client\n"
          "get_client(sys.argv[1].encode()).register(sys.argv[2]); print('ready', flush=True)\n"
          "time.sleep(30)\n", d.path, name], stdout=subprocess.PIPE)
     assert client.stdout.readline() == b"ready\n"

@@ -10,22 +10,19 @@ handle to shared memory.
 """
 
 import multiprocessing
-import sys
 from multiprocessing import *  # noqa: F403 - the whole point: be a drop-in replacement
 
+from .._shm import FILE_DESCRIPTOR, FILE_SYSTEM
 from .reductions import init_reductions
 
 __all__ = ["set_sharing_strategy", "get_sharing_strategy", "get_all_sharing_strategies"]
 __all__ += multiprocessing.__all__
 
-# macOS cannot key a cache by an shm fd's inode (fd_id), so torch offers only file_system
-# there; Linux has both and defaults to file_descriptor, which cannot leak a file.
-if sys.platform == "darwin" or sys.platform == "win32":
-    _sharing_strategy = "file_system"
-    _all_sharing_strategies = {"file_system"}
-else:
-    _sharing_strategy = "file_descriptor"
-    _all_sharing_strategies = {"file_descriptor", "file_system"}
+# shmlab runs on Linux only (see shmlab/__init__.py), where torch offers both strategies and
+# defaults to file_descriptor, which cannot leak a file. (On macOS torch offers file_system
+# alone: it cannot key a cache by an shm fd's inode.)
+_sharing_strategy = FILE_DESCRIPTOR
+_all_sharing_strategies = {FILE_DESCRIPTOR, FILE_SYSTEM}
 
 
 def set_sharing_strategy(new_strategy: str) -> None:

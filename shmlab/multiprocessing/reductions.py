@@ -22,6 +22,7 @@ import weakref
 from multiprocessing import reduction
 from multiprocessing.util import register_after_fork
 
+from .._shm import FILE_SYSTEM, SHM_DIR
 from ..storage import UntypedStorage
 from ..tensor import Tensor
 
@@ -178,7 +179,7 @@ def rebuild_storage_filename(cls, manager, handle, size):
         storage = cls._new_shared_filename_cpu(manager, handle, size)  # +1 for us
     except (OSError, RuntimeError) as exc:
         name = handle.decode() if isinstance(handle, bytes) else str(handle)
-        if os.path.exists("/dev/shm/" + name.lstrip("/")):
+        if os.path.exists(os.path.join(SHM_DIR, name.lstrip("/"))):
             raise  # the segment is there: the problem is elsewhere (say, its manager)
         raise FileNotFoundError(errno.ENOENT, _sender_gone(
             f"shared memory segment {name} is gone (its manager reclaimed it)")) from exc
@@ -194,7 +195,7 @@ def reduce_storage(storage):
     # The one place the strategy is read: at pickling time, in the sending process.
     from . import get_sharing_strategy
 
-    if get_sharing_strategy() == "file_system":
+    if get_sharing_strategy() == FILE_SYSTEM:
         metadata = storage._share_filename_cpu_()  # (manager handle, name, nbytes)
         cache_key = metadata[1]
         rebuild = rebuild_storage_filename

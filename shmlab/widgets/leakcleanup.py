@@ -20,7 +20,8 @@ from collections import Counter, deque
 
 import ipywidgets as W
 
-from .. import _manager_client, introspect
+from .. import introspect
+from ..manager import client as manager_client
 from ._live import CSS, DEFAULT_HZ, LiveView, svg_chart
 
 _QUIET = frozenset({"registered", "freed"})  # shown as counts per tick, not line by line
@@ -157,7 +158,7 @@ class LeakCleanup(LiveView, W.VBox):
         """Follow one manager until it exits; resubscribe each second to notice a stop()."""
         while not self._halt.is_set():
             try:
-                stream = _manager_client.watch(path.encode(), timeout=1.0)
+                stream = manager_client.watch(path.encode(), timeout=1.0)
                 # what came before we subscribed, then the stream; tagged with their manager
                 self._inbox.extend({**e, "manager": path} for e in introspect.events(path))
                 for event in stream:

@@ -30,7 +30,7 @@ import sys
 import tempfile
 import time
 
-from ._manager_protocol import MAX_LINE, SHM_DIR, parse_options, parse_request, segment_exists
+from .protocol import MAX_LINE, SHM_DIR, parse_options, parse_request, segment_exists
 
 MAX_SEGMENTS = 1 << 18  # a runaway client must not grow our memory without bound
 
@@ -274,6 +274,3 @@ def main(argv: list[str] | None = None) -> int:
     manager.shutdown()
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

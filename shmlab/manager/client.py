@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Iterator
 
-from ._manager_protocol import parse_name
+from .protocol import parse_name
 
 REPLY_TIMEOUT_S = 1.0  # torch's ClientSocket waits 1000 ms for the manager's "OK"
 START_TIMEOUT_S = 30.0  # a cold Python start on a loaded machine can take seconds

@@ -1,0 +1,12 @@
+"""The shm manager: a daemon that unlinks a process family's file_system segments after it dies.
+
+Mirrors: torch/lib/libshm (torch_shm_manager and the client side in libshm.so)
+
+    protocol.py   what the manager hears: request lines, segment names, options  (socket.h)
+    client.py     a process's connections: start the daemon lazily, REGISTER/FREE (core.cpp)
+    daemon.py     the daemon itself                                              (manager.cpp)
+    __main__.py   ``python -m shmlab.manager [--grace S] [--max-clients N]`` runs the daemon
+
+Nothing is imported here: ``storage`` imports ``client`` only when a process first shares a
+storage with the file_system strategy, and the daemon imports only what it serves with.
+"""
