@@ -27,6 +27,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from shmlab import introspect
+from shmlab.demo.show import markdown_table, show_table, show_widget
+
+__all__ = ["LIBS", "Session", "load", "markdown_table", "our_files", "run_children",
+           "show_table", "show_widget", "side_by_side", "versions"]
 
 LIBS = ("torch", "shmlab")  # the two libraries every experiment runs on, side by side
 OWNERS = ("torch", "shmlab")  # introspect's owner of a torch_/shmlab_ segment
@@ -37,60 +41,6 @@ def load(lib: str):
     if lib not in LIBS:
         raise ValueError(f"lib must be one of {LIBS}, got {lib!r}")
     return importlib.import_module(lib), importlib.import_module(f"{lib}.multiprocessing")
-
-
-def _in_ipython() -> bool:
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return False
-    return get_ipython() is not None
-
-
-def _display(obj, text=None) -> None:
-    """IPython's display() in a kernel; elsewhere (scripts, tests) print `text` or `obj`."""
-    if not _in_ipython():
-        print(obj if text is None else text)
-        return
-    from IPython.display import display
-
-    display(obj)
-
-
-def markdown_table(head, rows) -> str:
-    """The Markdown text of a small table."""
-    lines = ["| " + " | ".join(map(str, head)) + " |", "|" + "---|" * len(head)]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    return "\n".join(lines)
-
-
-def show_table(head, rows) -> None:
-    """A small Markdown table (readable in light and dark themes, and as text headless)."""
-    text = markdown_table(head, rows)
-    if not _in_ipython():
-        print(text)
-        return
-    from IPython.display import Markdown
-
-    _display(Markdown(text))
-
-
-def make_widget(make):
-    """`make` is a widget class name of shmlab.widgets ("FdMonitor") or a callable."""
-    if isinstance(make, str):
-        return getattr(importlib.import_module("shmlab.widgets"), make)()
-    return make()
-
-
-def show_widget(make):
-    """Display a live widget if one can be made here; return it, or None (never raises)."""
-    try:
-        widget = make_widget(make)
-        _display(widget)
-    except Exception as exc:  # noqa: BLE001 - no widget here (headless, or not installed)
-        print(f"(live widget not available: {type(exc).__name__}: {exc})")
-        return None
-    return widget
 
 
 def side_by_side(scenario, libs=LIBS) -> dict:
@@ -109,6 +59,37 @@ def our_files(pids) -> list[str]:
     pids = set(pids)
     return sorted(s.name for s in introspect.shm_segments()
                   if s.owner in OWNERS and s.creator_pid in pids)
+
+
+def versions() -> str:
+    """One line for a notebook's first cell: torch, shmlab and Python versions, CPU count."""
+    import platform
+
+    import torch
+
+    import shmlab
+
+    return (f"torch {torch.__version__}, shmlab {shmlab.__version__}, "
+            f"Python {platform.python_version()}, {os.cpu_count()} CPUs")
+
+
+def run_children(ctx, target, arglists, out, timeout: float = 120.0) -> list:
+    """Start one daemon ``ctx.Process(target, args)`` per entry of `arglists`, take one message
+    per child from the queue `out`, then join them (terminating any that hangs) and close `out`.
+    Returns (the messages in the order they arrived, the joined Process objects)."""
+    procs = [ctx.Process(target=target, args=args, daemon=True) for args in arglists]
+    try:
+        for p in procs:
+            p.start()
+        return [out.get(timeout=timeout) for _ in procs], procs
+    finally:
+        for p in procs:
+            if p.pid is not None:
+                p.join(timeout=60)
+                if p.is_alive():
+                    p.terminate()
+                    p.join()
+        out.close()
 
 
 class Session:
