@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from shmlab.stress import Family
+from shmlab.tools.family import Family
 
 LIBS = ("torch", "shmlab")
 FD = "file_descriptor"

@@ -23,7 +23,8 @@ import psutil
 import pytest
 
 from shmlab._shm import read_refcount
-from shmlab.stress import RECLAIM_LIMIT_S, Family, wait_reclaimed
+from shmlab.demo.holder import FAMILY
+from shmlab.tools.family import RECLAIM_LIMIT_S, Family, wait_reclaimed
 
 LIBS = ("torch", "shmlab")
 P, C = "producer", "consumer"
@@ -132,7 +133,7 @@ def test_kill_the_consumer_while_it_holds_the_tensor(families, strategy):
     for fam in fams.values():
         fam.kill(C)
     for lib, fam in fams.items():
-        fam.ask(P, "write", 7.0)
+        fam.ask(P, "write", FAMILY, 7.0)
         assert fam.ask(P, "read")["values"] == [7.0, 7.0], lib
         fam.ask(P, "release")
         if strategy == FS:  # now the dead consumer's count keeps the file
@@ -183,7 +184,7 @@ def test_killing_the_manager_keeps_segments_in_use_and_refuses_new_ones(families
         _wait_dead(mgr)
     errors = {}
     for lib, fam in fams.items():
-        fam.ask(P, "write", 5.0)  # still one memory, both ways
+        fam.ask(P, "write", FAMILY, 5.0)  # still one memory, both ways
         assert fam.ask(C, "read")["values"] == [5.0, 5.0], lib
         errors[lib] = fam.ask(P, "share", 1, 8, check=False).get("error")  # a new segment
     print(f"new registration with the manager dead: {errors}")

@@ -1,5 +1,5 @@
 """The file_system strategy beside torch's: segment layout, refcounts, fds, empty tensors, the
-lazily started manager. Real processes, real /dev/shm files; see shmlab/stress.py for `Family`.
+lazily started manager. Real processes, real /dev/shm files; `Family`: shmlab.tools.family.
 
 The strategy is process-global, so this test process never changes it: each producer and
 consumer sets it in its own process. The autouse fixture still puts both libraries back on
@@ -16,7 +16,7 @@ import stat
 import pytest
 
 from shmlab._shm import read_refcount
-from shmlab.stress import Family, child_managers, wait_reclaimed
+from shmlab.tools.family import Family, child_managers, wait_reclaimed
 
 LIBS = ("torch", "shmlab")
 P, C = "producer", "consumer"
@@ -53,7 +53,7 @@ def test_segment_layout_refcounts_and_the_last_closer_unlinks_like_torch(familie
         got = fam.ask(C, "get", 2, 10)
         assert got["values"] == [1.0, None] and got["segments"] == segs  # same names
         obs["counts"].append(refcount(name))  # consumer +1, in-flight count handed over -1
-        obs["shm_fds"] = [fam.ask(r, "fds")["shm_fds"] for r in (P, C)]  # no fd kept
+        obs["shm_fds"] = [fam.ask(r, "fds")["shm"] for r in (P, C)]  # no fd kept
         fam.ask(C, "release")
         obs["counts"].append(refcount(name))
         fam.ask(P, "release")  # the last closer: unlinks at once, the manager is not needed
@@ -95,15 +95,15 @@ N = 1000
 
 def receive_counting(fam: Family, n: int, nofile: int | None) -> dict:
     """The consumer (a spawn child: a clean fd table) receives n tensors, holding them all."""
-    counts = {"before": fam.ask(C, "limit_fds", nofile)["fds"] if nofile else
-              fam.ask(C, "fds")["fds"]}
+    counts = {"before": fam.ask(C, "limit_fds", nofile)["total"] if nofile else
+              fam.ask(C, "fds")["total"]}
     fam.ask(C, "get", 1, 30)
-    counts["one"] = fam.ask(C, "fds")["fds"]
+    counts["one"] = fam.ask(C, "fds")["total"]
     fam.ask(C, "get", n - 1, 30, timeout=240)
-    counts["all"] = fam.ask(C, "fds")["fds"]
-    counts["producer"] = fam.ask(P, "fds")["fds"]
+    counts["all"] = fam.ask(C, "fds")["total"]
+    counts["producer"] = fam.ask(P, "fds")["total"]
     fam.ask(C, "release")
-    counts["released"] = fam.ask(C, "fds")["fds"]
+    counts["released"] = fam.ask(C, "fds")["total"]
     return counts
 
 
@@ -152,5 +152,5 @@ def test_file_descriptor_receiver_capped_at_64_fds_fails_clearly_like_torch_fail
         assert needle in message, message
     for fam in fams.values():
         fam.ask(C, "release")
-        assert fam.ask(C, "fds")["fds"] < 20  # what it held was given back
+        assert fam.ask(C, "fds")["total"] < 20  # what it held was given back
     finish_and_reclaim(fams)
