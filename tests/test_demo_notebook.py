@@ -131,3 +131,18 @@ def test_an_exiting_kernel_takes_its_children_down(tmp_path):
     while not _gone(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert _gone(pid), f"child {pid} outlived its kernel"
+
+
+@pytest.mark.timeout(180)
+def test_tracks_actors_and_their_managers_and_closes_them():
+    s = Session("fork")
+    q = s.queue()
+    producer = s.holder("shmlab", q, "file_system")  # its first allocation starts a manager
+    consumer = s.holder("shmlab", q, "file_system")
+    h = producer("make", "a", 1, 100)
+    assert producer("send", "a") == 1 and consumer("recv", "a", 1) == {"received": 1, "error": None}
+    assert {producer.pid, consumer.pid} <= s.pids
+    assert h["name"] in s.our_files() and [m.ppid for m in s.our_managers()] == [producer.pid]
+    assert s.close() == {"files": [], "managers": []}
+    assert not producer.is_alive() and not consumer.is_alive()
+    assert s.close() == {"files": [], "managers": []}

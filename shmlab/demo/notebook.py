@@ -20,27 +20,19 @@ from __future__ import annotations
 
 import atexit
 import gc
-import importlib
 import multiprocessing
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 from shmlab import introspect
+from shmlab.demo.libs import LIBS, load
 from shmlab.demo.show import markdown_table, show_table, show_widget
 
 __all__ = ["LIBS", "Session", "load", "markdown_table", "our_files", "run_children",
            "show_table", "show_widget", "side_by_side", "versions"]
 
-LIBS = ("torch", "shmlab")  # the two libraries every experiment runs on, side by side
 OWNERS = ("torch", "shmlab")  # introspect's owner of a torch_/shmlab_ segment
-
-
-def load(lib: str):
-    """(tensor library, its multiprocessing module) for "torch" or "shmlab"."""
-    if lib not in LIBS:
-        raise ValueError(f"lib must be one of {LIBS}, got {lib!r}")
-    return importlib.import_module(lib), importlib.import_module(f"{lib}.multiprocessing")
 
 
 def side_by_side(scenario, libs=LIBS) -> dict:
@@ -137,11 +129,11 @@ class Session:
 
         return self.track(Actor(commands, *args, ctx=self.ctx, name=name))
 
-    def holder(self, lib: str, dataq, name=None):
-        """A tensor-holding actor for `lib` that receives from `dataq` (notebooks 04 and 05)."""
+    def holder(self, lib: str, dataq, strategy: str | None = None, name=None):
+        """A tensor-holding actor (``shmlab.demo.holder``) for `lib` on the queue `dataq`."""
         from shmlab.demo import holder
 
-        return self.actor(holder.commands, lib, dataq, name=name)
+        return self.actor(holder.commands, lib, dataq, strategy, name=name)
 
     def process(self, target, *args, ctx=None, **kwargs):
         """Start and track a daemon ``Process(target, args, kwargs)``."""
