@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import atexit
 import gc
+import importlib
 import multiprocessing
 import os
 import time
@@ -30,7 +31,7 @@ from shmlab.demo.libs import LIBS, load
 from shmlab.demo.show import markdown_table, show_table, show_widget
 
 __all__ = ["LIBS", "Session", "load", "markdown_table", "our_files", "run_children",
-           "show_table", "show_widget", "side_by_side", "versions"]
+           "show_table", "show_widget", "side_by_side", "training_kernel", "versions"]
 
 OWNERS = ("torch", "shmlab")  # introspect's owner of a torch_/shmlab_ segment
 
@@ -63,6 +64,16 @@ def versions() -> str:
 
     return (f"torch {torch.__version__}, shmlab {shmlab.__version__}, "
             f"Python {platform.python_version()}, {os.cpu_count()} CPUs")
+
+
+def training_kernel() -> None:
+    """Set this kernel up for the training notebooks (06, 07): one torch thread (the worker
+    processes get the cores), and torch._dynamo imported once here, so that fork children
+    inherit it instead of each importing it again when they create an optimizer (seconds)."""
+    import torch
+
+    torch.set_num_threads(1)
+    importlib.import_module("torch._dynamo")
 
 
 def run_children(ctx, target, arglists, out, timeout: float = 120.0) -> list:
