@@ -340,3 +340,22 @@ def test_limits_match_getrlimit_statvfs_and_another_process():
         child.wait(10)
         child.stdout.close()
     assert (theirs.nofile_soft, theirs.nofile_hard) == (64, mine.nofile_hard)
+
+
+def test_partial_snapshot_reads_the_table_it_is_given_and_keeps_the_parts_it_is_given(shm_folder):
+    table = introspect.process_table()
+    me = table[os.getpid()]
+    assert isinstance(me, introspect.ProcStat) and me.ppid == os.getppid() and me.state != "Z"
+    assert introspect.process_family(table=table)[0] == os.getpid()
+    with pytest.raises(psutil.NoSuchProcess):  # the table given is the one read, not a fresh one
+        introspect.process_family(table={})
+    with open(f"{shm_folder}/shmlab_{os.getpid()}_7_0", "wb") as f:
+        f.write(bytes(64))
+    [seg] = introspect.shm_segments(shm_folder, table={})  # nobody alive in an empty table
+    assert seg.creator_pid == os.getpid() and seg.creator_alive is False and seg.leaked
+    kept_managers, kept_limits = [], introspect.limits()
+    shot = introspect.snapshot([os.getpid()], shm_folder, table=table, managers=kept_managers,
+                               limits=kept_limits)
+    assert shot.managers is kept_managers and shot.limits is kept_limits  # not probed again
+    assert list(shot.fds) == [os.getpid()] and [s.name for s in shot.segments] == [seg.name]
+    assert introspect.managers(table={}) == []

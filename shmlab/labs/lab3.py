@@ -6,6 +6,7 @@ import contextlib
 import os
 
 from .. import _shm
+from .._shm import SHM_DIR
 from .report import Cases, run_in_child
 
 
@@ -16,7 +17,7 @@ def _count(name: str):
 def _remove(name: str) -> None:
     """Remove the check's own segment, whatever the learner's code did to it."""
     try:
-        os.unlink(f"/dev/shm{name}")
+        os.unlink(f"{SHM_DIR}{name}")
     except FileNotFoundError:
         pass
 
@@ -44,12 +45,12 @@ def check_attach_close(attach, close):
         close(name, m)
         c.check(_count(name) == 1, f"close: 2 -> 1 (got {_count(name)})",
                 "subtract 1 from the count")
-        c.check(os.path.exists(f"/dev/shm{name}"), "the file stays while the creator holds it",
+        c.check(os.path.exists(f"{SHM_DIR}{name}"), "the file stays while the creator holds it",
                 "unlink only when the count reaches 0")
         m2 = attach(name, 16)
         _shm.decref(name)  # the creator lets go: count 2 -> 1
         close(name, m2)
-        unlinked = not os.path.exists(f"/dev/shm{name}")
+        unlinked = not os.path.exists(f"{SHM_DIR}{name}")
         _remove(name)
         c.check(unlinked, "the last closer unlinks the name",
                 "when your decrement brings the count to 0, shm_unlink(name)")
@@ -72,7 +73,7 @@ def check_concurrent_updates(incref, decref):
             decref(name)
         c.check(_count(name) == 1, "decref brings it back to 1")
         decref(name)
-        unlinked = not os.path.exists(f"/dev/shm{name}")
+        unlinked = not os.path.exists(f"{SHM_DIR}{name}")
         c.check(unlinked, "the decrement to 0 unlinks",
                 "unlink under the same lock, so nobody can attach in between")
 
@@ -98,12 +99,12 @@ def check_in_flight(send_handle, receive_handle, close):
                 "incref before the message leaves: the sender may drop its own reference "
                 "before the receiver attaches")
         _shm.decref(name)  # the sender drops its tensor at once: the message keeps it alive
-        c.check(os.path.exists(f"/dev/shm{name}"), "the segment survives its sender",
+        c.check(os.path.exists(f"{SHM_DIR}{name}"), "the segment survives its sender",
                 "that is what the in-flight count is for")
         m = receive_handle(message, 8)
         c.check(_count(name) == 1, f"received: attach +1, release the in-flight count -1 "
                 f"(got {_count(name)})", "attach, then decref once for the message")
         close(name, m)
-        unlinked = not os.path.exists(f"/dev/shm{name}")
+        unlinked = not os.path.exists(f"{SHM_DIR}{name}")
         c.check(unlinked, "the receiver, the last holder, unlinks on close")
         del m

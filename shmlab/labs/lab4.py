@@ -10,13 +10,12 @@ import socket
 import tempfile
 import time
 
+from .._shm import SHM_DIR
 from .report import Cases, run_in_child
-
-SHM = "/dev/shm"
 
 
 def _make(name: str) -> None:
-    os.close(os.open(f"{SHM}/{name}", os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600))
+    os.close(os.open(f"{SHM_DIR}/{name}", os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600))
 
 
 @contextlib.contextmanager
@@ -28,7 +27,7 @@ def _segments(*names):
     finally:
         for n in names:
             with contextlib.suppress(FileNotFoundError):
-                os.unlink(f"{SHM}/{n}")
+                os.unlink(f"{SHM_DIR}/{n}")
 
 
 def _names(tag: str, k: int) -> list[str]:
@@ -41,9 +40,9 @@ def check_reclaim(reclaim):
             _segments(a, b, decoy):
         gone = f"shmlab_{os.getpid()}_lab4r_gone"  # registered, then freed by its owner
         done = reclaim({a, b, gone})
-        c.check(not os.path.exists(f"{SHM}/{a}") and not os.path.exists(f"{SHM}/{b}"),
+        c.check(not os.path.exists(f"{SHM_DIR}/{a}") and not os.path.exists(f"{SHM_DIR}/{b}"),
                 "both registered segments are unlinked", "os.unlink('/dev/shm/' + name)")
-        c.check(os.path.exists(f"{SHM}/{decoy}"), "a segment nobody registered survives",
+        c.check(os.path.exists(f"{SHM_DIR}/{decoy}"), "a segment nobody registered survives",
                 "never unlink a file you did not register: it may belong to someone else")
         c.check(sorted(done or []) == sorted([a, b]),
                 "it returns the names it unlinked (not the one already gone)",
@@ -80,13 +79,13 @@ def check_under_sigkill(tracker_cls, reclaim, grace=0.5):
             _segments(decoy):
         report = run_in_child(_manager_and_victim, tracker_cls, reclaim, names, grace,
                               timeout=30)
-        leaked = [n for n in names if os.path.exists(f"{SHM}/{n}")]
+        leaked = [n for n in names if os.path.exists(f"{SHM_DIR}/{n}")]
         for n in leaked:
-            os.unlink(f"{SHM}/{n}")
+            os.unlink(f"{SHM_DIR}/{n}")
         c.check(report["killed"], "the producer was killed with SIGKILL after registering")
         c.check(not leaked, f"all {len(names)} of its segments were reclaimed",
                 "reclaim when should_exit says so, and unlink every registered name")
-        c.check(os.path.exists(f"{SHM}/{decoy}"), "an unregistered file survived")
+        c.check(os.path.exists(f"{SHM_DIR}/{decoy}"), "an unregistered file survived")
         took = report["reclaim_after_s"]
         c.check(took is not None and grace <= took < grace + 2,
                 f"reclaimed {took if took is None else round(took, 2)} s after the last "

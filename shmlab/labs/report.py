@@ -6,7 +6,7 @@ import os
 import signal
 import traceback
 
-SHM_DIR = "/dev/shm"
+from .._shm import SHM_DIR
 
 
 class Cases:

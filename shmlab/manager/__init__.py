@@ -2,10 +2,11 @@
 
 Mirrors: torch/lib/libshm (torch_shm_manager and the client side in libshm.so)
 
-    protocol.py   what the manager hears: request lines, segment names, options  (socket.h)
-    client.py     a process's connections: start the daemon lazily, REGISTER/FREE (core.cpp)
-    daemon.py     the daemon itself                                              (manager.cpp)
-    __main__.py   ``python -m shmlab.manager [--grace S] [--max-clients N]`` runs the daemon
+    protocol.py    what the manager hears: request lines, names, options  (socket.h, alloc_info.h)
+    connection.py  one connection: REGISTER, FREE, STATUS, WATCH          (socket.h ClientSocket)
+    client.py      this process's managers: start lazily, one client each  (core.cpp)
+    daemon.py      the daemon itself                                      (manager.cpp)
+    __main__.py    ``python -m shmlab.manager [--grace S] [--max-clients N]`` runs the daemon
 
 Nothing is imported here: ``storage`` imports ``client`` only when a process first shares a
 storage with the file_system strategy, and the daemon imports only what it serves with.

@@ -3,7 +3,7 @@
 Mirrors: torch/lib/libshm/manager.cpp (torch_shm_manager)
 
 Run as `python -m shmlab.manager [--grace SECONDS] [--max-clients N]`; the first file_system
-allocation of a process family starts it (see `shmlab._manager_client`). It prints one line on
+allocation of a process family starts it (see `shmlab.manager.client`). It prints one line on
 stdout, the socket path or `ERROR: ...`, then serves a text protocol, one line per message:
 
     REGISTER <pid> <name>  -> OK | ERR <reason>     (the name is now ours to reclaim)
@@ -30,7 +30,8 @@ import sys
 import tempfile
 import time
 
-from .protocol import MAX_LINE, SHM_DIR, parse_options, parse_request, segment_exists
+from .._shm import SHM_DIR
+from .protocol import MAX_LINE, parse_options, parse_request, segment_exists
 
 MAX_SEGMENTS = 1 << 18  # a runaway client must not grow our memory without bound
 

@@ -1,10 +1,11 @@
 """Check what the shm manager hears: request lines, segment names, command-line options.
 
-Mirrors: the AllocInfo checks of torch/lib/libshm (socket.h, core.cpp), as a text protocol.
+Mirrors: the AllocInfo checks of torch/lib/libshm (socket.h, alloc_info.h, core.cpp), as a
+text protocol.
 
-Shared by the daemon (`shmlab.manager`) and its client (`shmlab._manager_client`), so both
-refuse the same names for the same reason. Everything here is a pure function of its input,
-except `segment_exists`, which looks at /dev/shm.
+Shared by the daemon (`shmlab.manager.daemon`) and its client (`shmlab.manager.client`), so
+both refuse the same names for the same reason. Everything here is a pure function of its
+input, except `segment_exists`, which looks at /dev/shm.
 """
 
 from __future__ import annotations
@@ -14,20 +15,26 @@ import os
 import re
 import stat
 
-SHM_DIR = "/dev/shm"
+from .._shm import PREFIX, SHM_DIR
+
+# `python -m DAEMON_MODULE` starts the daemon; introspect and the leak checkers recognise a
+# running one by this word in its command line.
+DAEMON_MODULE = "shmlab.manager"
 MAX_LINE = 4096  # bytes; a longer line is refused and its sender dropped
 DEFAULT_GRACE_S = 2.0  # torch: SHUTDOWN_TIMEOUT = 2000 ms
 DEFAULT_MAX_CLIENTS = 1024
 # Our own names only: no "/" and no "." at all, so "..", "/etc/passwd" and "torch_*" never match.
-# POSIX shm names start with one "/" (shm_open's convention); we accept it and drop it.
-_NAME_RE = re.compile(r"/?(shmlab_[A-Za-z0-9_-]{1,120})")
+# POSIX shm names start with one "/" (shm_open's convention); we accept it and drop it. This is
+# looser than _shm.name_pattern() on purpose: it decides what is safe to unlink as ours, not
+# whether new_name() made it (lab checks register names of their own under our prefix).
+_NAME_RE = re.compile(rf"/?({PREFIX}_[A-Za-z0-9_-]{{1,120}})")
 
 
 def parse_name(raw: str) -> str:
     """Return the bare /dev/shm file name for a segment name, or raise ValueError saying why."""
     match = _NAME_RE.fullmatch(raw)
     if match is None:
-        raise ValueError(f"{raw[:80]!r} is not a shmlab segment name (shmlab_<pid>_<rand>_<n>)")
+        raise ValueError(f"{raw[:80]!r} is not a shmlab segment name ({PREFIX}_<pid>_<rand>_<n>)")
     return match.group(1)
 
 
@@ -64,8 +71,8 @@ class _Parser(argparse.ArgumentParser):
 
 def parse_options(argv: list[str]) -> argparse.Namespace:
     """The daemon's options: --grace (or $SHMLAB_MANAGER_GRACE) and --max-clients."""
-    parser = _Parser(prog="python -m shmlab.manager",
-                     description="The shm manager daemon (see shmlab/manager.py).")
+    parser = _Parser(prog=f"python -m {DAEMON_MODULE}",
+                     description="The shm manager daemon (see shmlab/manager/daemon.py).")
     parser.add_argument("--grace", type=float,
                         default=os.environ.get("SHMLAB_MANAGER_GRACE", DEFAULT_GRACE_S),
                         help="seconds to wait after the last client leaves "
