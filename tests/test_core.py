@@ -15,9 +15,9 @@ from waiting import stop
 
 import shmlab
 import shmlab.multiprocessing as mp
-from shmlab import workers
+from shmlab.demo import channels
+from shmlab.demo.libs import load, new_tensor, shm_fd_count
 from shmlab.multiprocessing import reductions
-from shmlab.workers import load, new_tensor, shm_fd_count
 
 
 # --- the public API of DESIGN.md -----------------------------------------------------------
@@ -167,7 +167,7 @@ def fd_limit(lib, n, nofile=64):
     ctx = mpl.get_context("spawn")
     tensors = [new_tensor(lib, [i]).share_memory_() for i in range(n)]
     inq, results = ctx.Queue(), ctx.Queue()
-    p = ctx.Process(target=workers.receive_until_failure, args=(lib, nofile, inq, results, n))
+    p = ctx.Process(target=channels.receive_until_failure, args=(lib, nofile, inq, results, n))
     p.start()
     try:
         for t in tensors:

@@ -1,7 +1,7 @@
 """Real CUDA tensor sharing between processes: the behaviour shmlab.cuda_ipc_model models.
 
 Runs only where ``torch.cuda.is_available()``; elsewhere every test is skipped with the reason.
-The consumer is a ``spawn`` child (shmlab.workers.cuda_consumer): CUDA cannot be used in a
+The consumer is a ``spawn`` child (shmlab.demo.cuda.cuda_consumer): CUDA cannot be used in a
 child forked after the parent initialised it.
 """
 
@@ -23,7 +23,7 @@ pytestmark = [
     ),
 ]
 
-from shmlab import workers  # noqa: E402
+from shmlab.demo import cuda as demo_cuda  # noqa: E402
 
 
 def _stop(*procs):
@@ -53,7 +53,7 @@ def test_share_cuda_returns_a_handle_of_the_whole_allocation_plus_offset():
 def test_producer_consumer_with_spawn_shared_write_and_keep_alive():
     ctx = mp.get_context("spawn")
     inq, outq, release = ctx.Queue(), ctx.Queue(), ctx.Event()
-    child = ctx.Process(target=workers.cuda_consumer, args=(inq, outq, release))
+    child = ctx.Process(target=demo_cuda.cuda_consumer, args=(inq, outq, release))
     child.start()
     try:
         t = torch.zeros(4, device="cuda")
@@ -81,7 +81,7 @@ def test_producer_consumer_with_spawn_shared_write_and_keep_alive():
 def test_a_received_cuda_tensor_cannot_be_sent_on():
     ctx = mp.get_context("spawn")
     inq, outq = ctx.Queue(), ctx.Queue()
-    child = ctx.Process(target=workers.cuda_resend, args=(inq, outq))
+    child = ctx.Process(target=demo_cuda.cuda_resend, args=(inq, outq))
     child.start()
     try:
         t = torch.ones(8, device="cuda")
@@ -98,7 +98,7 @@ def test_a_forked_child_cannot_reinitialise_cuda():
     torch.zeros(1, device="cuda")  # initialise CUDA in this process first
     ctx = multiprocessing.get_context("fork")
     results = ctx.Queue()
-    child = ctx.Process(target=workers.cuda_in_fork_child, args=(results,))
+    child = ctx.Process(target=demo_cuda.cuda_in_fork_child, args=(results,))
     child.start()
     try:
         msg = results.get(timeout=120)

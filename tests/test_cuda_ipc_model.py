@@ -1,8 +1,8 @@
 """shmlab.cuda_ipc_model: the CPU model of torch's CUDA IPC protocol, with real processes.
 
-A consumer child (shmlab.workers.ipc_model_consumer) receives blocks over a Pipe; this test
-process is the producer. Every test ends with the model shut down, and the leak checker
-verifies that no shmlab_* file is left in /dev/shm.
+A consumer child (an ``Actor`` serving ``shmlab.demo.cuda.model_commands``) receives blocks
+in its commands; this test process is the producer. Every test ends with the model shut down,
+and the leak checker verifies that no shmlab_* file is left in /dev/shm.
 """
 
 from __future__ import annotations
@@ -18,8 +18,10 @@ from multiprocessing.reduction import ForkingPickler
 import numpy as np
 import pytest
 
-from shmlab import _shm, workers
+from shmlab import _shm
 from shmlab import cuda_ipc_model as model
+from shmlab.demo.actor import Actor
+from shmlab.demo.cuda import model_commands
 
 pytestmark = pytest.mark.timeout(120)
 F32 = np.float32
@@ -35,44 +37,18 @@ def fresh_model():
     model._state.clear()
 
 
-class Consumer:
-    def __init__(self, method: str):
-        ctx = multiprocessing.get_context(method)
-        self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=workers.ipc_model_consumer, args=(child,), daemon=True)
-        self.proc.start()
-        child.close()
-
-    def __call__(self, *cmd):
-        self.conn.send(cmd)
-        assert self.conn.poll(60), f"consumer did not answer {cmd[0]}"
-        reply = self.conn.recv()
-        if reply[0] == "error":
-            raise RuntimeError(f"{reply[1]}: {reply[2]}")
-        return reply[1]
-
-    def close(self):
-        try:
-            self("exit")
-        finally:
-            self.proc.join(30)
-            if self.proc.is_alive():
-                self.proc.kill()
-                self.proc.join(5)
-
-
 @pytest.fixture(params=["fork", "spawn"])
 def consumer(request):
-    c = Consumer(request.param)
+    c = Actor(model_commands, ctx=request.param)
     yield c
-    c.close()
+    c.exit()
 
 
 @pytest.fixture
 def fork_consumer():
-    c = Consumer("fork")
+    c = Actor(model_commands, ctx="fork")
     yield c
-    c.close()
+    c.exit()
 
 
 def test_handle_is_the_whole_allocation_plus_an_offset_and_writes_are_shared(consumer):

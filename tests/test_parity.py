@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from waiting import stop
 
-from shmlab import workers
-from shmlab.workers import fd_count, load, new_tensor, shm_fd_count
+from shmlab.demo.channels import describe_views, hold_and_count, pool_write, write_then_watch
+from shmlab.demo.libs import fd_count, load, new_tensor, shm_fd_count
 
 LIBS = ("torch", "shmlab")
 METHODS = ("fork", "spawn", "forkserver")
@@ -55,7 +55,7 @@ def channels(lib, method, share_args_first):
     inq, results = ctx.Queue(), ctx.Queue()
     parent_end, child_end = ctx.Pipe()
     done, go = ctx.Event(), ctx.Event()
-    p = ctx.Process(target=workers.write_then_watch,
+    p = ctx.Process(target=write_then_watch,
                     args=(arg_t, inq, child_end, done, go, results, 7.0))
     p.start()
     try:
@@ -101,7 +101,7 @@ def pool_scenario(lib, method):
     _, mp = load(lib)
     t = new_tensor(lib, [0, 5, 0, 0])
     with mp.get_context(method).Pool(1) as pool:
-        seen_by_child = pool.apply(workers.pool_write, (t, 3.0))
+        seen_by_child = pool.apply(pool_write, (t, 3.0))
         pool.close()
         pool.join()
     return {"child_sees": seen_by_child, "parent_sees": float(t.numpy()[0]),
@@ -123,7 +123,7 @@ def views(lib, method):
     base = new_tensor(lib, np.arange(12).reshape(3, 4))
     sliced, column = base[1:], base[:, 2]
     inq, results = ctx.Queue(), ctx.Queue()
-    p = ctx.Process(target=workers.describe_views, args=(inq, results))
+    p = ctx.Process(target=describe_views, args=(inq, results))
     p.start()
     try:
         inq.put((sliced, column))
@@ -172,7 +172,7 @@ def fd_accounting(lib, n):
         t.share_memory_()
     sender_holding = shm_fd_count()
     inq, results = ctx.Queue(), ctx.Queue()
-    p = ctx.Process(target=workers.hold_and_count, args=(lib, inq, results, n))
+    p = ctx.Process(target=hold_and_count, args=(lib, inq, results, n))
     p.start()
     try:
         for t in tensors:

@@ -19,7 +19,8 @@ import pytest
 import torch  # noqa: F401 - imported once here, so forked children start in milliseconds
 from waiting import wait_for
 
-from shmlab import introspect, workers
+from shmlab import introspect
+from shmlab.demo import channels
 from shmlab.widgets import Dashboard, FdMonitor, LeakCleanup, in_kernel
 
 FORK = multiprocessing.get_context("fork")
@@ -31,7 +32,7 @@ LIBS = ["shmlab", "torch"]
 def start_sender(lib: str, n: int):
     """The leak scenario's sender child (it forks the receiver); returns (proc, info, release)."""
     info, release = FORK.Queue(), FORK.Event()
-    proc = FORK.Process(target=workers.share_with_receiver, args=(lib, n, 4096, info, release))
+    proc = FORK.Process(target=channels.share_with_receiver, args=(lib, n, 4096, info, release))
     proc.start()
     return proc, info, release
 
@@ -49,7 +50,7 @@ def stop(proc, release=None):
 @pytest.mark.parametrize("lib", LIBS)
 def test_fd_monitor_follows_a_child_opening_50_shm_fds(lib):
     go, opened, release = FORK.Event(), FORK.Event(), FORK.Event()
-    child = FORK.Process(target=workers.open_shared_fds, args=(lib, 50, go, opened, release))
+    child = FORK.Process(target=channels.open_shared_fds, args=(lib, 50, go, opened, release))
     child.start()  # before the monitor's thread exists
     monitor = FdMonitor()
     try:

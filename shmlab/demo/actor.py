@@ -14,12 +14,11 @@ A *table* is a module-level function (spawn and forkserver children import it by
 runs in the child and returns ``{name: callable}``; ``Actor(table, *args)`` calls
 ``table(*args)`` there. A callable takes the command's arguments and returns its reply.
 Arguments and replies travel pickled by multiprocessing's ForkingPickler, so tensors may be
-among them (they arrive as views of the same shared memory). Two names are the loop's own:
-
-- ``exit``: the loop answers ``None`` and stops. If the table has an ``exit`` entry, the loop
-  calls it with no arguments on its way out, however it ended (``exit``, the parent's death,
-  EOF): that is where a table lets go of what it holds.
-- a table that raised while being built answers the first command with that error.
+among them (they arrive as views of the same shared memory). One name is the loop's own:
+``exit`` is answered ``None`` and stops the loop. If the table has an ``exit`` entry, the loop
+calls it with no arguments on its way out, however it ended (``exit``, the parent's death,
+EOF): that is where a table lets go of what it holds. A table that raised while being built
+answers the first command with that error.
 
 Every module that defines a table documents it as a table: name, arguments, reply.
 

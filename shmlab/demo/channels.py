@@ -1,9 +1,10 @@
 """Workers that receive tensors through each multiprocessing channel and report what arrived.
 
-Mirrors: nothing in torch; these are the child halves of the experiments in notebooks 01, 02,
-04 and 09 (Process arguments, Queue, Pipe, Pool, DataLoader workers), written once for both
-libraries. They live in the package because a ``spawn`` or ``forkserver`` child re-imports
-its target by module and name: a function defined in a notebook cell lives in ``__main__``.
+These are the child halves of the experiments in notebooks 01, 02, 04 and 09 (Process
+arguments, Queue, Pipe, Pool, DataLoader workers), written once for both libraries. They live
+in the package because a ``spawn`` or ``forkserver`` child re-imports its target by module and
+name: a function defined in a notebook cell lives in ``__main__``. ``report_start`` reads
+``PARENT_MARK``, a global a parent may set on this module at run time (fork copies it).
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """The command table of a child that holds tensors: make, send, receive, look at and drop them.
 
-Mirrors: nothing in torch; it is the far end of every experiment in notebooks 04 and 05 and
+It is the far end of every experiment in notebooks 04 and 05 and
 of every family the stress tool kills (``shmlab.tools.family``). Start one with
 
-    Actor(holder.commands, lib, dataq, strategy=None, ctx=ctx)
+    Actor(holder.commands, lib, dataq, ctx=ctx)            # or ..., dataq, strategy, ctx=
 
 ``dataq`` is a Queue of the same multiprocessing context: tensors travel on it between two
 holders, never in the commands (so what crosses is exactly what a Queue carries).

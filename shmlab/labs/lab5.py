@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from .report import Cases
+from .report import Cases, answer, start_child
 
 
 def _setup():
@@ -84,22 +84,20 @@ def check_identity(storage_identity):
                 "storage_identity returns a (st_ino, st_dev) pair per parameter",
                 "fd, _ = p.untyped_storage()._share_fd_cpu_(); st = os.fstat(fd)")
         ctx = mp.get_context("fork")
-        inq, outq = ctx.Queue(), ctx.Queue()
-        child = ctx.Process(target=_identities_in_child, args=(storage_identity, inq, outq),
-                            daemon=True)
-        child.start()
+        inq = ctx.Queue()
+        child = start_child(_identities_from, storage_identity, inq)
+        inq.put(model)  # after the fork: the child receives it, pickled, through the Queue
         try:
-            inq.put(model)
-            theirs = outq.get(timeout=60)
+            theirs = answer(child, timeout=60)
         finally:
-            child.join(30)
-            if child.is_alive():
-                child.kill()
+            inq.close()
+            inq.join_thread()
         c.check(theirs == mine, "a child that received the model over a Queue maps the very "
                 "same segments", "two fds, one object: compare inode and device, not fd numbers")
         c.check(len(set(mine)) == len(mine), "each parameter has a segment of its own")
 
 
-def _identities_in_child(storage_identity, inq, outq):
+def _identities_from(storage_identity, inq):
+    """In the child: the identity of each parameter of the model that arrives on ``inq``."""
     model = inq.get(timeout=60)
-    outq.put([storage_identity(p) for p in model.parameters()])
+    return [storage_identity(p) for p in model.parameters()]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import signal
 import traceback
 
 from .._shm import SHM_DIR
@@ -76,38 +75,35 @@ def run_in_child(fn, *args, timeout: float = 30.0):
     """Run ``fn(*args)`` in a fork child and return its result (or raise what it raised).
 
     fork, because the learner's functions live in the notebook's ``__main__``, which spawn
-    cannot import. A child that hangs is killed after ``timeout`` seconds.
+    cannot import: ``fn`` and ``args`` reach the child as they are, never pickled. The child
+    is an ``Actor`` with a one-command table. A child that hangs is killed after ``timeout`` s.
     """
-    import multiprocessing
+    return answer(start_child(fn, *args), timeout)
 
-    ctx = multiprocessing.get_context("fork")
-    parent_end, child_end = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_child_main, args=(child_end, fn, args), daemon=True)
-    proc.start()
-    child_end.close()
+
+def start_child(fn, *args):
+    """Fork the child of ``run_in_child`` now; ``answer(child)`` runs ``fn(*args)`` there."""
+    from ..demo.actor import Actor
+
+    return Actor(_call_table, fn, args, ctx="fork", name=str(getattr(fn, "__name__", fn)))
+
+
+def answer(child, timeout: float = 30.0):
+    """What the child's ``fn(*args)`` returned (or raise what it raised); then kill it."""
+    from ..demo.actor import ActorDied, ActorError
+
     try:
-        if not parent_end.poll(timeout):
-            raise TimeoutError(f"{getattr(fn, '__name__', fn)} did not finish in {timeout:.0f} s")
-        ok, value = parent_end.recv()
-    except EOFError:
+        return child("call", timeout=timeout)
+    except TimeoutError:
+        raise TimeoutError(f"{child.name} did not finish in {timeout:.0f} s") from None
+    except ActorDied:
         raise RuntimeError("the child process died before answering") from None
+    except ActorError as err:  # the same type, so NotImplementedError stays itself
+        raise err.exception or RuntimeError(f"{err.type}: {err.message}") from None
     finally:
-        parent_end.close()
-        if proc.is_alive():
-            os.kill(proc.pid, signal.SIGKILL)
-        proc.join(5)
-    if not ok:
-        raise value
-    return value
+        child.kill()  # as soon as it answered, as before: what it made is checked, not its exit
 
 
-def _child_main(conn, fn, args):
-    try:
-        conn.send((True, fn(*args)))
-    except BaseException as exc:  # noqa: BLE001 - hand every failure back to the parent
-        try:
-            conn.send((False, exc))  # the same type, so NotImplementedError stays itself
-        except Exception:  # noqa: BLE001 - an exception that cannot be pickled
-            conn.send((False, RuntimeError(f"{type(exc).__name__}: {exc}")))
-    finally:
-        conn.close()
+def _call_table(fn, args) -> dict:
+    """The table of a ``run_in_child`` child: one command, ``call``, replies ``fn(*args)``."""
+    return {"call": lambda: fn(*args)}

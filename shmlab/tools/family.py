@@ -1,8 +1,8 @@
 """A producer and a consumer of one library, driven command by command, and what they leave.
 
-Mirrors: nothing in torch; it checks what torch_shm_manager promises (and shmlab.manager
-with it): after a family dies, every file it made and its manager are gone within the grace
-period (2 s) plus scheduling slack. The stress tool kills families at random points; the
+It checks what torch_shm_manager promises (and shmlab.manager with it): after a family
+dies, every file it made and its manager are gone within the grace period (2 s) plus
+scheduling slack. The stress tool kills families at random points; the
 file_system and fault tests run the same steps one by one, beside torch.
 
 Each member is a holder child (``shmlab.demo.holder``) behind an ``Actor``; the two share
