@@ -44,7 +44,7 @@ def test_tracks_processes_and_pools_and_closes_them_all():
     workers = set(psutil.Process().children()) - {psutil.Process(sleeper.pid)}
     assert sleeper.pid in s.pids and {w.pid for w in workers} <= s.pids
     left = s.close()
-    assert left == {"files": [], "managers": []}
+    assert left == {"files": [], "managers": [], "children": []}
     assert sleeper.exitcode is not None and all(_gone(w.pid) for w in workers)
     assert s.close() == left  # twice is fine
 
@@ -59,7 +59,7 @@ def test_lists_its_own_files_and_managers_and_leaves_nothing():
     managers = s.our_managers()
     assert [m.kind for m in managers] == ["shmlab"] and managers[0].ppid == child.pid
     release.set()
-    assert s.close() == {"files": [], "managers": []}  # waited out the manager's grace
+    assert s.close() == {"files": [], "managers": [], "children": []}  # after the grace
     assert not [f for f in os.listdir("/dev/shm") if f in files]
     assert _gone(managers[0].pid)
 
@@ -73,7 +73,7 @@ def test_a_killed_child_s_file_is_waited_for_until_its_manager_reclaims_it():
     child.kill()  # no destructor runs: the file stays until the manager's grace is over
     child.join(10)
     assert set(files) <= set(s.our_files())
-    assert s.close() == {"files": [], "managers": []}
+    assert s.close() == {"files": [], "managers": [], "children": []}
 
 
 def test_close_puts_the_sharing_strategies_back():
@@ -143,6 +143,6 @@ def test_tracks_actors_and_their_managers_and_closes_them():
     assert producer("send", "a") == 1 and consumer("recv", "a", 1) == {"received": 1, "error": None}
     assert {producer.pid, consumer.pid} <= s.pids
     assert h["name"] in s.our_files() and [m.ppid for m in s.our_managers()] == [producer.pid]
-    assert s.close() == {"files": [], "managers": []}
+    assert s.close() == {"files": [], "managers": [], "children": []}
     assert not producer.is_alive() and not consumer.is_alive()
-    assert s.close() == {"files": [], "managers": []}
+    assert s.close() == {"files": [], "managers": [], "children": []}

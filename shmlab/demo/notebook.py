@@ -214,14 +214,21 @@ class Session:
             q.join_thread()
         self._widgets, self._pools, self._children, self._queues = [], [], [], []
 
+    def children(self) -> list[int]:
+        """Live descendants of this kernel, less managers and multiprocessing's own helpers."""
+        managers = {m.pid for m in self.our_managers()}
+        return [pid for pid in introspect.process_family()[1:]
+                if pid not in managers and pid not in _mp_helpers()]
+
     def leftovers(self) -> dict:
-        """{"files": [...], "managers": [pid, ...]} still here of this session."""
-        return {"files": self.our_files(), "managers": [m.pid for m in self.our_managers()]}
+        """{"files": [...], "managers": [pid, ...], "children": [pid, ...]} still here."""
+        return {"files": self.our_files(), "managers": [m.pid for m in self.our_managers()],
+                "children": self.children()}
 
     def close(self, timeout: float = 30.0) -> dict:
         """Restore the strategies, stop widgets, actors, pools and processes, then wait (up to
-        `timeout` s) for our files and managers to go (the managers' 2 s grace). Returns
-        ``leftovers()``; safe to call again."""
+        `timeout` s) for our files, managers and children to go (the managers' 2 s grace).
+        Returns ``leftovers()``; safe to call again."""
         self.our_managers()  # remember the managers while their parents are still alive
         self.restore_strategies()
         self._stop_children()
@@ -239,7 +246,16 @@ class Session:
         now = ", ".join(f"{lib} {mp.get_sharing_strategy()}" for lib, mp in self.mp.items())
         print(f"strategies restored: {now}")
         print("left in /dev/shm:", left["files"] or "nothing",
-              "| managers left:", left["managers"] or "none")
+              "| managers left:", left["managers"] or "none",
+              "| child processes left:", left["children"] or "none")
+
+
+def _mp_helpers() -> set:
+    """multiprocessing's long-lived helpers (fork server, resource tracker): not ours to stop."""
+    from multiprocessing import forkserver, resource_tracker
+
+    return {getattr(forkserver._forkserver, "_forkserver_pid", None),
+            getattr(resource_tracker._resource_tracker, "_pid", None)}
 
 
 def _stop(child) -> None:
