@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -12,6 +13,7 @@ import time
 import psutil
 import pytest
 
+from shmlab import introspect
 from shmlab.demo import notebook
 from shmlab.demo.notebook import Session
 
@@ -26,6 +28,13 @@ def share_under_file_system(names, release):
     names.put(sorted(f for f in os.listdir("/dev/shm") if f.startswith(f"shmlab_{os.getpid()}_")))
     release.wait(60)
     del t
+
+
+def lead_a_group_with_a_sleeper(pids):
+    """Child: lead a new session (process group), start a sleeping grandchild, sleep."""
+    os.setsid()
+    pids.put(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"]).pid)
+    time.sleep(120)
 
 
 def _gone(pid: int) -> bool:
@@ -146,3 +155,18 @@ def test_tracks_actors_and_their_managers_and_closes_them():
     assert s.close() == {"files": [], "managers": [], "children": []}
     assert not producer.is_alive() and not consumer.is_alive()
     assert s.close() == {"files": [], "managers": [], "children": []}
+
+
+@pytest.mark.timeout(120)
+def test_an_orphan_it_was_told_of_is_reported_until_its_group_is_killed():
+    s = Session("fork")
+    pids = s.queue()
+    parent = s.process(lead_a_group_with_a_sleeper, pids)
+    orphan = pids.get(timeout=60)
+    s.pids.add(orphan)
+    s.track_group(parent.pid)
+    os.kill(parent.pid, signal.SIGKILL)  # the grandchild lives on, re-parented away from us
+    parent.join(10)
+    assert orphan in s.children() and orphan not in introspect.process_family()
+    assert s.close() == {"files": [], "managers": [], "children": []}
+    assert _gone(orphan)

@@ -23,8 +23,11 @@ import gc
 import importlib
 import multiprocessing
 import os
+import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
+
+import psutil
 
 from shmlab import introspect
 from shmlab.demo.libs import LIBS, load
@@ -112,6 +115,7 @@ class Session:
         self.pids = {os.getpid()}
         self.manager_pids: set[int] = set()  # remembered once seen: they outlive their parent
         self._children, self._pools, self._queues, self._widgets = [], [], [], []
+        self._groups: list[int] = []
         self.closed = False
         atexit.register(self.close)
 
@@ -146,9 +150,9 @@ class Session:
 
         return self.actor(holder.commands, lib, dataq, strategy, name=name)
 
-    def process(self, target, *args, ctx=None, **kwargs):
-        """Start and track a daemon ``Process(target, args, kwargs)``."""
-        p = (ctx or self.ctx).Process(target=target, args=args, kwargs=kwargs, daemon=True)
+    def process(self, target, *args, ctx=None, daemon=True, **kwargs):
+        """Start and track a ``Process(target, args, kwargs)`` (a daemon unless told not)."""
+        p = (ctx or self.ctx).Process(target=target, args=args, kwargs=kwargs, daemon=daemon)
         p.start()
         return self.track(p)
 
@@ -165,9 +169,13 @@ class Session:
         self._queues.append(q)
         return q
 
-    def widget(self, make):
-        """``show_widget(make)``, and close the widget in close()."""
-        w = show_widget(make)
+    def track_group(self, pgid: int) -> None:
+        """A process group to SIGKILL in close(), orphans included (a parent that led it)."""
+        self._groups.append(pgid)
+
+    def widget(self, make, **kwargs):
+        """``show_widget(make, **kwargs)``, and close the widget in close()."""
+        w = show_widget(make, **kwargs)
         if w is not None:
             self._widgets.append(w)
         return w
@@ -199,6 +207,11 @@ class Session:
             self.mp[lib].set_sharing_strategy(strategy)
 
     def _stop_children(self) -> None:
+        for pgid in self._groups:
+            try:
+                os.killpg(pgid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass  # nobody left in the group
         for w in self._widgets:
             try:
                 w.close()
@@ -213,12 +226,13 @@ class Session:
             q.close()
             q.join_thread()
         self._widgets, self._pools, self._children, self._queues = [], [], [], []
+        self._groups = []
 
     def children(self) -> list[int]:
-        """Live descendants of this kernel, less managers and multiprocessing's own helpers."""
-        managers = {m.pid for m in self.our_managers()}
-        return [pid for pid in introspect.process_family()[1:]
-                if pid not in managers and pid not in _mp_helpers()]
+        """Live processes of ours: every pid tracked or seen in this kernel's family (orphans
+        included), less this kernel, the managers and multiprocessing's own helpers."""
+        skip = {os.getpid()} | {m.pid for m in self.our_managers()} | _mp_helpers()
+        return sorted(pid for pid in self.pids - skip if _alive(pid))
 
     def leftovers(self) -> dict:
         """{"files": [...], "managers": [pid, ...], "children": [pid, ...]} still here."""
@@ -248,6 +262,13 @@ class Session:
         print("left in /dev/shm:", left["files"] or "nothing",
               "| managers left:", left["managers"] or "none",
               "| child processes left:", left["children"] or "none")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def _mp_helpers() -> set:

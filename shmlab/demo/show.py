@@ -45,17 +45,17 @@ def show_table(head, rows) -> None:
     _display(Markdown(text))
 
 
-def make_widget(make):
+def make_widget(make, **kwargs):
     """`make` is a widget class name of shmlab.widgets ("FdMonitor") or a callable."""
     if isinstance(make, str):
-        return getattr(importlib.import_module("shmlab.widgets"), make)()
-    return make()
+        make = getattr(importlib.import_module("shmlab.widgets"), make)
+    return make(**kwargs)
 
 
-def show_widget(make):
+def show_widget(make, **kwargs):
     """Display a live widget if one can be made here; return it, or None (never raises)."""
     try:
-        widget = make_widget(make)
+        widget = make_widget(make, **kwargs)
         _display(widget)
     except Exception as exc:  # noqa: BLE001 - no widget here (headless, or not installed)
         print(f"(live widget not available: {type(exc).__name__}: {exc})")
