@@ -1,5 +1,9 @@
-"""What the notebooks, tests, labs and the stress tool drive: child processes that take one
-command at a time (``actor``), the commands they run, and the notebook helper.
+"""What the notebooks, tests, labs and the stress tool drive: child processes and their workers.
+
+- ``actor``: THE child-process protocol: ``Actor`` (parent) and ``serve`` (child) over a Pipe.
+- ``holder``: the command table of a child that holds tensors (notebooks 04/05, stress).
+- ``libs``: load torch or shmlab by name; fd counts. Every worker runs on both.
+- ``channels``, ``lifecycle``, ``cuda``: spawn-importable worker functions, by concept.
 
 Nothing here is part of the torch mirror; it only drives it.
 """

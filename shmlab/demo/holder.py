@@ -1,12 +1,9 @@
 """The command table of a child that holds tensors: make, send, receive, look at and drop them.
 
-It is the far end of every experiment in notebooks 04 and 05 and
-of every family the stress tool kills (``shmlab.tools.family``). Start one with
-
-    Actor(holder.commands, lib, dataq, ctx=ctx)            # or ..., dataq, strategy, ctx=
-
-``dataq`` is a Queue of the same multiprocessing context: tensors travel on it between two
-holders, never in the commands (so what crosses is exactly what a Queue carries).
+It is the far end of every experiment in notebooks 04 and 05 and of every family the stress
+tool kills (``shmlab.tools.family``). Start one with ``Actor(holder.commands, lib, dataq[,
+strategy], ctx=ctx)``. ``dataq`` is a Queue of the same context: tensors travel on it between
+two holders, never in the commands (so what crosses is exactly what a Queue carries).
 
 Note [Why one long-lived holder instead of one worker per step]
 A notebook step wants to stop *between* two actions of a child (after it made a tensor,
@@ -16,12 +13,12 @@ notebook fast under ``spawn``: every spawned child imports torch again (seconds)
 notebook starts a few holders once and reuses them for every step.
 
 Note [Counting the fds that arrive over SCM_RIGHTS]
-Both libraries receive a file_descriptor tensor's fd the same way:
-``DupFd.detach()`` -> ``reduction.recv_handle()`` -> ``reduction.recvfds()``, which
-``recv_handle`` looks up in its module at each call. Wrapping that one function is the only
-place that sees every arrival, of either library, without changing either: /proc shows which
-fds a process has, not how they came. ``commands()`` installs the wrapper once per process
-(``FdArrivals.install``); it only counts, and ``fds`` reports the count.
+Both libraries receive a file_descriptor tensor's fd the same way: ``DupFd.detach()`` ->
+``reduction.recv_handle()`` -> ``reduction.recvfds()``, which ``recv_handle`` looks up in its
+module at each call. Wrapping that one function is the only place that sees every arrival, of
+either library, without changing either: /proc shows which fds a process has, not how they
+came. ``commands()`` installs the wrapper once per process (``FdArrivals.install``); it only
+counts, and ``fds`` reports the count.
 """
 
 from __future__ import annotations
@@ -76,7 +73,7 @@ def shm_links() -> list[dict]:
     return sorted(found, key=lambda d: d["fd"])
 
 
-def handle(t, strategy: str) -> dict:
+def describe(t, strategy: str) -> dict:
     """Where a shared tensor's bytes live; under file_system also its segment name.
 
     Only asked under file_system: ``_share_filename_cpu_()`` on an fd-shared storage would
@@ -95,7 +92,7 @@ def segment(t, strategy: str) -> tuple[str, str] | None:
     """(manager handle, bare name) of a file_system tensor, or None (file_descriptor)."""
     if strategy != "file_system":
         return None
-    manager, name, _ = t.untyped_storage()._share_filename_cpu_()  # see handle(): a question
+    manager, name, _ = t.untyped_storage()._share_filename_cpu_()  # see describe(): a question
     return manager.decode(), name.decode().lstrip("/")
 
 
@@ -133,7 +130,7 @@ class Holder:
 
     def make(self, key, count, numel):
         self.held[key] = [self.full(numel, i).share_memory_() for i in range(count)]
-        return handle(self.held[key][0], self.strategy)
+        return describe(self.held[key][0], self.strategy)
 
     def send(self, key, times=1):
         for _ in range(times):
@@ -164,6 +161,12 @@ class Holder:
             t = self.tlib.Tensor(storage, 0, (size // 4,), (1,), np.dtype("float32"))
         self.held[key] = [t]
         return {"data_ptr": storage.data_ptr(), "nbytes": storage.nbytes()}
+
+    def handle(self, key):
+        return describe(self.held[key][0], self.strategy)
+
+    def ptrs(self, key):  # equal pointers: one shared storage
+        return [t.untyped_storage().data_ptr() for t in self.held[key]]
 
     def write(self, key, value):
         for t in self.held[key]:
@@ -250,13 +253,12 @@ def commands(lib: str, dataq, strategy: str | None = None) -> dict:
     name           arguments                 reply
     =============  ========================  ===============================================
     strategy       NAME                      the sharing strategy now in force
-    nofile         SOFT or None              getrlimit(NOFILE) after setting the soft limit
-                                             (None: back to the one the child started with)
-    make           KEY, COUNT, NUMEL         ``handle`` of the first; makes COUNT float32
+    nofile         SOFT or None              getrlimit(NOFILE), soft limit set (None: reset)
+    make           KEY, COUNT, NUMEL         ``handle KEY``; makes COUNT float32
                                              tensors, the i-th full of i, shared, kept
     send           KEY, TIMES=1              how many were put on dataq (each, TIMES over)
-    recv           KEY, COUNT                {"received", "error"}; stops at the first
-                                             error, keeps what arrived
+    recv           KEY, COUNT                {"received", "error"}; keeps what came before
+                                             the first error
     drop           KEY                       the keys still held (freed at once, no gc)
     handle         KEY                       {"data_ptr", "nbytes", "first", "name"} of the
                                              first (+ "manager", "size" under file_system)
@@ -270,12 +272,13 @@ def commands(lib: str, dataq, strategy: str | None = None) -> dict:
     The stress family's commands act on the tensors under ``FAMILY``, in arrival order:
 
     =============  ========================  ===============================================
+    name           arguments                 reply
+    =============  ========================  ===============================================
     share          N, SIZE                   {"segments", "managers"}: N more tensors of SIZE
                                              float32, the k-th held full of k, shared
     put            FLUSH=True                {}; all of them onto dataq (FLUSH: and close it)
     get            N, TIMEOUT                like ``read``, after taking N off dataq
-    read           -                         {"values" ([0] of each), "segments",
-                                             "own_managers"}
+    read           -                         {"values" ([0] each), "segments", "own_managers"}
     release        -                         {}; lets go of everything held (any key), gc
     fork_share     -                         ``share(1, 4)``'s reply, from a fork grandchild
     limit_fds      NOFILE                    like ``fds``, after setting the soft limit
@@ -289,10 +292,8 @@ def commands(lib: str, dataq, strategy: str | None = None) -> dict:
     h = Holder(lib, dataq, strategy)
     return {
         "strategy": h.set_strategy, "nofile": h.set_nofile, "make": h.make, "send": h.send,
-        "recv": h.recv, "drop": h.drop, "handle": lambda key: handle(h.held[key][0], h.strategy),
-        "attach": h.attach, "ptrs": lambda key: [t.untyped_storage().data_ptr()
-                                                 for t in h.held[key]],
-        "write": h.write, "fds": h.fds,
+        "recv": h.recv, "drop": h.drop, "handle": h.handle, "attach": h.attach,
+        "ptrs": h.ptrs, "write": h.write, "fds": h.fds,
         "share": h.share, "put": h.put, "get": h.get, "read": h.read, "release": h.release,
         "fork_share": h.fork_share, "limit_fds": h.limit_fds, "reset_manager": h.reset_manager,
         "exit": h.release,
