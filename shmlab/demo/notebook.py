@@ -36,9 +36,6 @@ from shmlab.demo.show import markdown_table, show_table, show_widget
 __all__ = ["LIBS", "Session", "load", "markdown_table", "our_files", "run_children",
            "show_table", "show_widget", "side_by_side", "training_kernel", "versions"]
 
-OWNERS = ("torch", "shmlab")  # introspect's owner of a torch_/shmlab_ segment
-
-
 def side_by_side(scenario, libs=LIBS) -> dict:
     """Run ``scenario(lib)`` for every lib at once, one thread each; return {lib: result}.
 
@@ -54,7 +51,7 @@ def our_files(pids) -> list[str]:
     """torch_/shmlab_ files in /dev/shm whose name says one of `pids` created them."""
     pids = set(pids)
     return sorted(s.name for s in introspect.shm_segments()
-                  if s.owner in OWNERS and s.creator_pid in pids)
+                  if s.owner in LIBS and s.creator_pid in pids)
 
 
 def versions() -> str:
