@@ -32,19 +32,27 @@ class ManySmall(Dataset):
         return [torch.full((4,), float(i)) for _ in range(self.per_item)]
 
 
-def keep_every_batch(nofile: int | str | None, strategy: str, items: int = 48,
-                     per_item: int = 32, workers: int = 2) -> str:
+def keep_every_batch(nofile: str, strategy: str, items: int = 48, per_item: int = 32,
+                     workers: int = 2) -> str:
     """Iterate a DataLoader with ``workers`` workers and keep every batch (a list of all the
-    outputs, as code that collects predictions does), under RLIMIT_NOFILE soft = ``nofile``
-    ('hard': raised to the hard limit, the fix any user may apply)."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if nofile is not None:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard if nofile == "hard" else nofile, hard))
+    outputs, as code that collects predictions does), with this process's RLIMIT_NOFILE
+    ``nofile``: 'low' (64 fds more than it has open now, like `ulimit -n 128` for a small
+    script) or 'hard' (raised to the hard limit: the fix any user may apply).
+
+    The limit is set after the workers have started, so only the receiving side (this
+    process) is short of fds, as in the reports: the workers keep the limit they were born with.
+    """
+    if nofile not in ("low", "hard"):
+        raise ValueError(f"nofile must be 'low' or 'hard', not {nofile!r}")
     torch_mp.set_sharing_strategy(strategy)
-    kept = list(DataLoader(ManySmall(items, per_item), num_workers=workers))
-    fds = len(os.listdir("/proc/self/fd"))
-    return (f"kept {len(kept)} batches of {per_item} tensors with {strategy}, "
-            f"ulimit -n {resource.getrlimit(resource.RLIMIT_NOFILE)[0]}, {fds} fds open")
+    batches = iter(DataLoader(ManySmall(items, per_item), num_workers=workers, timeout=30))
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    open_now = len(os.listdir("/proc/self/fd"))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (open_now + 64 if nofile == "low" else hard, hard))
+    kept = list(batches)
+    return (f"kept {len(kept)} batches of {per_item} tensors with {strategy}, ulimit -n "
+            f"{resource.getrlimit(resource.RLIMIT_NOFILE)[0]}, "
+            f"{len(os.listdir('/proc/self/fd'))} fds open")
 
 
 # --- a private, small /dev/shm ------------------------------------------------------------------
