@@ -287,3 +287,21 @@ def test_a_tiny_dev_shm_in_a_container_gets_the_container_fixes(monkeypatch):
     assert f.severity == "warn" and "Docker's default" in f.message
     for fix in ("--shm-size", "--ipc=host", "emptyDir", "medium: Memory"):
         assert fix in f.fix
+
+
+# --- the widget (notebook 00) -------------------------------------------------------------------
+@pytest.mark.timeout(60)
+def test_the_widget_shows_the_report_and_cleans_only_after_confirmation(shm_folder):
+    from shmlab.widgets import DoctorReport
+
+    leaked = plant(shm_folder, f"torch_{dead_pid()}_1_0")
+    report = DoctorReport(shm_dir=shm_folder, min_age_s=0)
+    assert os.path.basename(leaked) in report.table.value and "need action" in report.summary.value
+    report.clean_button.click()  # asks: lists the file, removes nothing yet
+    assert report.confirm_box.layout.display is None and leaked in report.question.value
+    assert os.path.exists(leaked)
+    report.confirm_button.click()
+    assert report.cleaned == {"removed": [os.path.basename(leaked)], "skipped": [],
+                              "bytes_freed": SIZE}
+    assert not os.path.exists(leaked) and report.confirm_box.layout.display == "none"
+    assert repr(report) == doctor.render(report.findings)
