@@ -157,7 +157,7 @@ def test_clean_removes_only_the_dead_pids_unused_segment_of_ours(shm_folder, map
     jsonschema.validate(result, schema())
     assert result["cleaned"]["removed"] == [os.path.basename(leaked)], out.stderr
     assert result["cleaned"]["bytes_freed"] == SIZE
-    assert f"freed {SIZE:,} bytes" in out.stderr
+    assert f"freed {SIZE:,} bytes" in out.stderr and leaked in out.stderr  # the list, shown
     assert not os.path.exists(leaked)
     assert os.path.exists(mapped) and os.path.exists(foreign)  # in use / another user's
 
@@ -189,9 +189,10 @@ def test_clean_checks_again_and_skips_a_segment_mapped_since(shm_folder, mapper)
 @pytest.mark.timeout(60)
 def test_clean_without_yes_asks_and_removes_nothing_without_a_terminal(shm_folder, capsys):
     leaked = plant(shm_folder, f"torch_{dead_pid()}_1_0")
-    doctor._confirm(doctor.cleanable(doctor_leaks.segments(shm_folder, min_age_s=0)),
-                    sys.stdout)
-    assert "add --yes" in capsys.readouterr().out and os.path.exists(leaked)
+    doctor.show_list(doctor.cleanable(doctor_leaks.segments(shm_folder, min_age_s=0)), sys.stdout)
+    assert not doctor._confirm(sys.stdout)  # pytest's stdin is no terminal: the answer is no
+    out = capsys.readouterr().out
+    assert leaked in out and "add --yes" in out and os.path.exists(leaked)
 
 
 # --- the fd limit ---------------------------------------------------------------------------------

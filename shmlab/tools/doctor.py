@@ -107,16 +107,22 @@ def clean(items: list[dict]) -> dict:
     return {"removed": removed, "skipped": skipped, "bytes_freed": freed}
 
 
-def _confirm(items: list[dict], out) -> bool:
-    print(f"--clean would remove {len(items)} leaked segment(s), "
-          f"{mib(sum(i['size'] for i in items))}:", file=out)
+def show_list(items: list[dict], out) -> None:
+    """What --clean is about to remove: always shown, with or without --yes."""
+    print(f"--clean: {len(items)} leaked segment(s) of yours, {mib(sum(i['size'] for i in items))}"
+          ", no process maps or holds them and their creators are gone:", file=out)
     for i in items:
-        print(f"  {i['path']}  {i['size']:,} bytes, creator pid {i['creator_pid']} gone, "
+        print(f"  {i['path']}  {i['size']:,} bytes, creator pid {i['creator_pid']}, "
               f"{i['age_s']:.0f} s old", file=out)
+
+
+def _confirm(out) -> bool:
+    """Ask on ``out`` (stderr with --json, so stdout stays pure JSON); no terminal: no."""
     if not sys.stdin.isatty():
         print("stdin is not a terminal: nothing removed (add --yes to remove them)", file=out)
         return False
-    return input("Remove them? [y/N] ").strip().lower() in ("y", "yes")
+    print("Remove them? [y/N] ", end="", file=out, flush=True)
+    return sys.stdin.readline().strip().lower() in ("y", "yes")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -148,7 +154,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.clean:
         items = cleanable(findings)
         talk = sys.stderr if args.json else sys.stdout  # keep stdout pure JSON
-        if items and (args.yes or _confirm(items, talk)):
+        if items:
+            show_list(items, talk)
+        if items and (args.yes or _confirm(talk)):
             cleaned = clean(items)
             print(f"removed {len(cleaned['removed'])} segment(s), freed "
                   f"{cleaned['bytes_freed']:,} bytes; skipped {len(cleaned['skipped'])}",
