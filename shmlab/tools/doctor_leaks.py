@@ -73,19 +73,23 @@ def segments(shm_dir: str = introspect.SHM_DIR, *, table=None,
     found = introspect.shm_segments(shm_dir, table=table)
     paths = [s.path for s in found]
     mapped, held = introspect.mapped_by(paths, table=table), introspect.held_by(paths, table=table)
-    findings, in_use = [], 0
+    findings, in_use, vanished = [], 0, 0
     for seg in found:
         try:
             uid = os.lstat(seg.path).st_uid
         except FileNotFoundError:
-            continue  # unlinked while we looked: its owner cleaned up
+            vanished += 1  # unlinked while we looked: its owner cleaned up
+            continue
         users = sorted(set(mapped[seg.path]) | set(held[seg.path]))
         finding = _segment_finding(seg, uid, users, min_age_s)
         in_use += finding is None
         if finding is not None:
             findings.append(finding)
-    summary = Finding("segment", "ok", f"{len(found)} segment(s) in {shm_dir}, {in_use} of them "
-                      "with a live creator", details={"count": len(found), "live": in_use})
+    gone = f" ({vanished} more went away while we looked)" if vanished else ""
+    summary = Finding("segment", "ok", f"{len(found) - vanished} segment(s) in {shm_dir}, {in_use} "
+                      f"of them with a live creator{gone}",
+                      details={"count": len(found) - vanished, "live": in_use,
+                               "vanished": vanished})
     return [summary, *findings]
 
 
