@@ -5,10 +5,11 @@ files, ``python -m shmlab.manager``) and the stdlib (``psm_*`` files). Nothing h
 signals or unlinks: widgets, notebooks and tests only look.
 
     fds.py        open_fds, fd_counts, FD_KINDS, FdInfo
-    processes.py  process_table, process_family, ProcStat
+    processes.py  process_table, process_family, ProcStat, alive_since, orphaned
     segments.py   shm_segments, ShmSegment
     daemons.py    managers, events, ManagerInfo
     resources.py  limits, Limits
+    maps.py       mapped_by, held_by: which processes map a file or hold an fd on it
     snapshots.py  snapshot, Snapshot: all of the above in one refresh, or only some parts
 
 Note [psutil, and /proc where psutil has nothing]
@@ -26,13 +27,15 @@ is skipped, so a refresh never raises for it.
 from .._shm import SHM_DIR
 from .daemons import ManagerInfo, events, managers
 from .fds import FD_KINDS, FdInfo, fd_counts, open_fds
-from .processes import ProcStat, process_family, process_table
+from .maps import held_by, mapped_by
+from .processes import ProcStat, alive_since, orphaned, process_family, process_table
 from .resources import Limits, limits
 from .segments import ShmSegment, shm_segments
 from .snapshots import Snapshot, snapshot
 
 __all__ = [
     "FD_KINDS", "SHM_DIR", "FdInfo", "Limits", "ManagerInfo", "ProcStat", "ShmSegment",
-    "Snapshot", "events", "fd_counts", "limits", "managers", "open_fds", "process_family",
-    "process_table", "shm_segments", "snapshot",
+    "Snapshot", "alive_since", "events", "fd_counts", "held_by", "limits", "managers",
+    "mapped_by", "open_fds", "orphaned", "process_family", "process_table", "shm_segments",
+    "snapshot",
 ]

@@ -78,3 +78,25 @@ def alive_since(pid: int, since: float, table: dict[int, ProcStat]) -> bool:
     # Pids get reused: a process that started after the file existed cannot have made it.
     # One second of slack absorbs clock steps and the coarse clocks both times come from.
     return proc is not None and proc.state != "Z" and proc.started <= since + 1.0
+
+
+# What an orphan's new parent is usually called: the kernel hands it to the nearest
+# "subreaper" (prctl PR_SET_CHILD_SUBREAPER: systemd --user, a container's init) or to pid 1.
+SUBREAPERS = frozenset({"systemd", "init", "tini", "dumb-init", "docker-init", "catatonit",
+                        "s6-svscan", "runit", "containerd-shim"})
+
+
+def orphaned(pid: int, table: dict[int, ProcStat]) -> bool:
+    """Has ``pid``'s parent died, so that init or a subreaper adopted it? (False if ``pid``
+    itself is not in ``table``.)
+
+    Linux keeps no record of the first parent, so this reads the signs: the parent is pid 1
+    (or 0), is missing, started after its child (a reused pid), or is one of SUBREAPERS.
+    """
+    proc = table.get(pid)
+    if proc is None:
+        return False
+    parent = table.get(proc.ppid)
+    if proc.ppid <= 1 or parent is None:
+        return True
+    return parent.started > proc.started + 1.0 or parent.name in SUBREAPERS
