@@ -91,6 +91,20 @@ def test_from_numpy_of_a_read_only_array_warns_like_torch_and_refuses_writes():
 
 
 @pytest.mark.timeout(60)
+def test_a_read_only_buffer_torch_writes_into_shmlab_refuses():
+    # np.frombuffer over bytes is read-only for a reason: bytes are immutable in Python.
+    torch_bytes, our_bytes = bytes(range(8)), bytes(range(8))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        torch.from_numpy(np.frombuffer(torch_bytes, np.uint8))[0] = 99
+        ours = shmlab.from_numpy(np.frombuffer(our_bytes, np.uint8))
+    assert torch_bytes[0] == 99  # torch wrote into an immutable bytes object
+    with pytest.raises(ValueError, match="read-only"):
+        ours[0] = 99
+    assert our_bytes[0] == 0
+
+
+@pytest.mark.timeout(60)
 def test_from_numpy_of_a_writable_array_does_not_warn():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
