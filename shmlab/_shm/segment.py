@@ -118,9 +118,9 @@ def _no_space(name: str, size: int) -> OSError:
         return OSError(
             errno.ENOSPC,
             f"unable to create shared memory segment {name}: no inode left in {SHM_DIR} "
-            f"({st.f_files - st.f_ffree:,} files exist, the most it allows; its space has "
-            f"{free} bytes). Remove leaked torch_*/shmlab_* files there, or allow more "
-            f"files (mount -o remount,nr_inodes=... {SHM_DIR})",
+            f"(all {st.f_files:,} are in use, one per file; its space has {free} bytes). "
+            "Remove leaked torch_*/shmlab_* files there, or allow more files "
+            f"(mount -o remount,nr_inodes=... {SHM_DIR})",
         )
     return OSError(
         errno.ENOSPC,
