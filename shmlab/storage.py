@@ -12,6 +12,7 @@ reads and writes shared memory, and the private copy is dropped. That swap is wh
 from __future__ import annotations
 
 import os
+import warnings
 import weakref
 
 import numpy as np
@@ -32,7 +33,17 @@ def _release(kind: str, fd: int, name: str | None, manager: bytes | None, pid: i
     if kind == FILE_DESCRIPTOR and fd >= 0:
         os.close(fd)  # the storage owned this fd; the mapping itself goes with its last view
     elif kind == FILE_SYSTEM and os.getpid() == pid:
-        _shm.decref(name)  # the last holder unlinks the name
+        try:
+            _shm.decref(name)  # the last holder unlinks the name
+        except (OSError, ValueError) as exc:
+            # An exception escaping a finalizer only prints "Exception ignored in ...".
+            # Say what happened instead, and keep the manager's registration: when this
+            # process family exits, the manager reclaims the name if it is still our file.
+            warnings.warn(f"could not release shared memory segment {name}: {exc}. This "
+                          "process's count in it stays; the manager reclaims it when this "
+                          f"process family exits, or remove {_shm.SHM_DIR}{name} by hand",
+                          RuntimeWarning, stacklevel=2)
+            return
         from .manager.client import get_client
 
         try:

@@ -10,27 +10,68 @@ memory.
 
 from __future__ import annotations
 
+import math
+import operator
+import sys
+import warnings
+
 import numpy as np
 
 from .storage import UntypedStorage
 
-# The dtypes torch.from_numpy accepts (plus bool), as numpy dtypes.
+# The dtypes torch.from_numpy accepts (torch 2.13 takes the unsigned ones too), as numpy dtypes.
 _SUPPORTED = {np.dtype(t) for t in (
     np.float64, np.float32, np.float16, np.complex64, np.complex128,
-    np.int64, np.int32, np.int16, np.int8, np.uint8, np.bool_,
+    np.int64, np.int32, np.int16, np.int8, np.uint64, np.uint32, np.uint16, np.uint8, np.bool_,
 )}
 
 
 def _check_dtype(dtype) -> np.dtype:
     dt = np.dtype(dtype)
+    if dt.byteorder not in ("=", "|") and dt.newbyteorder("=") in _SUPPORTED:
+        # torch refuses these with "byte order different from the native byte order". Name the
+        # byte order: np.dtype(">f4").name is plain "float32", which would hide the problem.
+        endian = "big" if dt.byteorder == ">" else "little"
+        raise ValueError(
+            f"given numpy array has byte order different from the native byte order "
+            f"({dt.str!r}, {endian}-endian {dt.name}); shmlab, like torch, keeps numbers in "
+            f"the machine's own order. Convert first: arr.astype(arr.dtype.newbyteorder('='))"
+        )
     if dt not in _SUPPORTED:
         names = ", ".join(sorted(d.name for d in _SUPPORTED))
         raise TypeError(
-            f"can't put numpy dtype {dt.name!r} in a shmlab tensor: only fixed-size numbers "
-            f"can live in shared memory ({names}). Object arrays hold pointers into one "
-            "process's heap; convert first, e.g. arr.astype(np.float64)."
+            f"can't put numpy dtype {dt.name!r} ({dt.str!r}) in a shmlab tensor: only "
+            f"fixed-size numbers can live in shared memory ({names}). Object arrays hold "
+            "pointers into one process's heap; convert first, e.g. arr.astype(np.float64)."
         )
     return dt
+
+
+def _check_shape(shape, dt: np.dtype) -> tuple[int, ...]:
+    """The dimensions of zeros()/empty() as ints, refused the way torch refuses them.
+
+    torch takes only integers (numpy's too: anything with __index__, but not bool), refuses
+    a negative dimension, and refuses a byte count that overflows. Multiplying in numpy's
+    int64 would wrap 2**32 * 2**32 to 0, so the product is taken in Python's unbounded ints.
+    """
+    dims = []
+    for pos, n in enumerate(shape):
+        if isinstance(n, bool) or not hasattr(type(n), "__index__"):
+            raise TypeError(
+                f"size must be a tuple of ints, but element {pos} is {type(n).__name__} {n!r}; "
+                "pass whole numbers, e.g. zeros(int(n)) if you meant to round down"
+            )
+        dims.append(operator.index(n))
+    for n in dims:
+        if n < 0:
+            raise RuntimeError(f"Trying to create tensor with negative dimension {n}: {dims}; "
+                               "every dimension must be >= 0")
+    if math.prod(dims) * dt.itemsize > sys.maxsize:
+        raise RuntimeError(
+            f"Storage size calculation overflowed with sizes={dims} and dtype={dt.name}: "
+            f"{math.prod(dims) * dt.itemsize:,} bytes is more than a process can address"
+        )
+    return tuple(dims)
 
 
 class Tensor:
@@ -65,7 +106,7 @@ class Tensor:
         return self._dtype.itemsize
 
     def numel(self) -> int:
-        return int(np.prod(self._shape, dtype=np.int64))
+        return math.prod(self._shape)  # Python ints: np.prod's int64 could wrap
 
     @property
     def ndim(self) -> int:
@@ -172,9 +213,24 @@ def from_numpy(arr: np.ndarray) -> Tensor:
     reach = sum((n - 1) * s for n, s in zip(arr.shape, arr.strides, strict=True))
     span = size + reach if arr.size else 0
     lo = arr.__array_interface__["data"][0]
+    if not arr.flags.writeable:
+        _warn_not_writable()
     raw = np.asarray(_Span(arr, lo, span)) if span else np.zeros(0, np.uint8)
     storage = UntypedStorage._wrap(raw)
     return Tensor(storage, 0, arr.shape, [s // size for s in arr.strides], dtype)
+
+
+def _warn_not_writable() -> None:
+    # torch warns (once per program) and then lets writes through: "undefined behavior", and
+    # a crash or silent corruption when the memory really is read-only (np.frombuffer over
+    # bytes, a read-only mmap). shmlab warns with torch's opening words and keeps the tensor
+    # read-only as well, so such a write raises numpy's "assignment destination is read-only".
+    warnings.warn(
+        "The given NumPy array is not writable, and shmlab does not support writing to "
+        "non-writable tensors: this tensor is read-only (in torch, writing to it would be "
+        "undefined behavior). You may want to copy the array to protect its data or make it "
+        "writable before converting it to a tensor: from_numpy(arr.copy()).",
+        UserWarning, stacklevel=3)
 
 
 class _Span:
@@ -182,7 +238,8 @@ class _Span:
 
     def __init__(self, arr: np.ndarray, lo: int, span: int):
         self._arr = arr
-        self.__array_interface__ = {"shape": (span,), "typestr": "|u1", "data": (lo, False),
+        read_only = not arr.flags.writeable  # numpy views over it stay read-only too
+        self.__array_interface__ = {"shape": (span,), "typestr": "|u1", "data": (lo, read_only),
                                     "version": 3}
 
 
@@ -197,8 +254,8 @@ def tensor(data, dtype=None) -> Tensor:
 def empty(*shape, dtype=np.float32) -> Tensor:
     shape = shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
     dt = _check_dtype(dtype)
-    n = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
-    storage = UntypedStorage(n)
+    shape = _check_shape(shape, dt)
+    storage = UntypedStorage(math.prod(shape) * dt.itemsize)
     return Tensor(storage, 0, shape, _contiguous_strides(shape), dt)
 
 

@@ -22,19 +22,52 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import stat
 import struct
 
 from .mapping import Mapping
-from .segment import HEADER_SIZE, create, open_segment, shm_unlink
+from .segment import HEADER_SIZE, SHM_DIR, check_size, create, open_segment, shm_unlink
 
 _REFCOUNT = struct.Struct("<i")  # the int32 at [0:4) of the header
+_MAX_COUNT = 2**31 - 1  # torch's std::atomic<int> would wrap past this; we refuse instead
+
+
+def _open_ours(name: str) -> int:
+    """shm_open(name, O_RDWR) and make sure it is a segment of this user, or raise saying why.
+
+    torch maps whatever file it can open. Root can open anyone's file, and a file made by
+    another user is one that user controls (its size, its header, its unlinking), so shmlab
+    counts itself only into regular files of its own uid, as the manager unlinks only those.
+    """
+    try:
+        fd = open_segment(name, os.O_RDWR)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:  # glibc's shm_open passes O_NOFOLLOW
+            raise OSError(errno.ELOOP, f"{SHM_DIR}{name} is a symbolic link, not a shmlab "
+                          "segment: somebody replaced the segment, and shm_open does not follow "
+                          "links. Nothing was changed; remove the link by hand") from exc
+        raise
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, f"{SHM_DIR}{name} is not a regular file, so not a "
+                      "shmlab segment; nothing was changed")
+    if st.st_uid != os.geteuid():
+        os.close(fd)
+        raise PermissionError(
+            errno.EPERM, f"{SHM_DIR}{name} belongs to uid {st.st_uid}, not to this process's "
+            f"uid {os.geteuid()}: shmlab shares segments only between processes of one user "
+            "(torch would attach). Run both sides as the same user, or use the "
+            "'file_descriptor' strategy, which passes the memory itself, not a name.")
+    return fd
 
 
 class _Locked:
     """Open ``name`` and hold an exclusive flock on it for the duration of a with-block."""
 
     def __init__(self, name: str):
-        self.fd = open_segment(name, os.O_RDWR)
+        self.name = name
+        self.fd = _open_ours(name)
 
     def __enter__(self) -> _Locked:
         fcntl.flock(self.fd, fcntl.LOCK_EX)
@@ -49,9 +82,20 @@ class _Locked:
             os.close(self.fd)
 
     def count(self) -> int:
+        size = os.fstat(self.fd).st_size
+        if size < HEADER_SIZE:  # a raw struct.error would say nothing useful
+            raise ValueError(
+                f"{SHM_DIR}{self.name} holds {size} bytes, less than the {HEADER_SIZE}-byte "
+                "header every shmlab segment starts with: it is not a shmlab segment (or it "
+                "was truncated). Nothing was changed; remove it if no process uses it")
         return _REFCOUNT.unpack(os.pread(self.fd, 4, 0))[0]
 
     def set_count(self, value: int) -> None:
+        if not 0 <= value <= _MAX_COUNT:
+            raise ValueError(
+                f"the refcount of {SHM_DIR}{self.name} would become {value}, outside "
+                f"0..{_MAX_COUNT}: its header is corrupt, or it was released more often "
+                "than it was attached. Nothing was changed")
         os.pwrite(self.fd, _REFCOUNT.pack(value), 0)
 
 
@@ -69,15 +113,24 @@ def create_refcounted(name: str, size: int, data: memoryview | None = None) -> M
 
 
 def attach_refcounted(name: str, size: int) -> Mapping:
-    """Map an existing segment and count ourselves in (+1)."""
+    """Map an existing segment, then count ourselves in (+1).
+
+    The order is torch's (RefcountedMapAllocator::initializeAlloc runs after the mmap): if
+    mapping fails (ENOMEM, RLIMIT_AS) the count was never touched, so nothing leaks. Every
+    check happens before either step, under the lock.
+    """
+    size = check_size(size)
     with _Locked(name) as seg:
         count = seg.count()
         if count <= 0:  # its last user is closing it right now
             raise FileNotFoundError(errno.ENOENT, f"shared memory segment {name} is being freed")
-        if os.fstat(seg.fd).st_size < HEADER_SIZE + size:
-            raise ValueError(f"segment {name} holds fewer than {size} data bytes")
-        seg.set_count(count + 1)
-        return Mapping(seg.fd, HEADER_SIZE + size)
+        have = os.fstat(seg.fd).st_size - HEADER_SIZE
+        if have < size:
+            raise ValueError(f"segment {name} holds {have:,} data bytes, fewer than the "
+                             f"{size:,} the message claims: it was forged or corrupted")
+        mapping = Mapping(seg.fd, HEADER_SIZE + size)
+        seg.set_count(count + 1)  # if this refuses, the mapping is dropped and unmapped
+        return mapping
 
 
 def incref(name: str) -> int:
@@ -88,12 +141,17 @@ def incref(name: str) -> int:
 
 
 def decref(name: str) -> int:
-    """One holder fewer; the holder that brings the count to 0 unlinks the name."""
+    """One holder fewer; the holder that brings the count to 0 unlinks the name.
+
+    A name that is gone returns 0 (someone reclaimed it: nothing left to release). Any
+    other failure (a symlink or another user's file in its place, a damaged header) raises
+    an exception that says what it found; storage's finalizer turns that into a warning.
+    """
     try:
         with _Locked(name) as seg:
             count = seg.count() - 1
             seg.set_count(count)
-            if count <= 0:
+            if count == 0:
                 shm_unlink(name)
             return count
     except FileNotFoundError:
@@ -101,12 +159,13 @@ def decref(name: str) -> int:
 
 
 def read_refcount(name: str) -> int | None:
-    """The count in a segment's header, or None if it is gone (read-only, no lock)."""
+    """The count in a segment's header, or None if it is gone or has no header (no lock)."""
     try:
         fd = open_segment(name, os.O_RDONLY)
     except FileNotFoundError:
         return None
     try:
-        return _REFCOUNT.unpack(os.pread(fd, 4, 0))[0]
+        raw = os.pread(fd, 4, 0)
+        return _REFCOUNT.unpack(raw)[0] if len(raw) == 4 else None
     finally:
         os.close(fd)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import itertools
+import operator
 import os
 import secrets
 from _posixshmem import shm_open, shm_unlink  # the same C wrappers shared_memory.py uses
@@ -43,6 +44,22 @@ def new_name() -> str:
     return f"/{PREFIX}_{os.getpid()}_{secrets.randbits(32)}_{next(_counter)}"
 
 
+def check_size(size, minimum: int = 0) -> int:
+    """A byte count that came in a message, as an int >= ``minimum``; TypeError/ValueError if not.
+
+    Sizes travel inside pickles, so a forged or corrupted one must be refused before it
+    reaches mmap (where -1 becomes 2**64 - 1) or a refcount is touched.
+    """
+    if isinstance(size, bool) or not hasattr(type(size), "__index__"):
+        raise TypeError(f"segment size must be an int number of bytes, got "
+                        f"{type(size).__name__} {size!r}")
+    size = operator.index(size)
+    if size < minimum:
+        raise ValueError(f"segment size must be >= {minimum} bytes, got {size}: the message "
+                         "that carried it was forged or corrupted")
+    return size
+
+
 def open_segment(name: str, flags: int) -> int:
     """shm_open(name, flags, 0600): only our uid may ever open our segments."""
     return shm_open(name, flags, 0o600)
@@ -72,7 +89,12 @@ def fill(fd: int, size: int, data: memoryview | None) -> None:
 def create(name: str, size: int, data: memoryview | None) -> int:
     """A new segment (O_CREAT|O_EXCL) of ``size`` bytes; returns its fd. On any failure
     nothing is left behind, and a full /dev/shm says how to make room."""
-    fd = open_segment(name, os.O_RDWR | os.O_CREAT | os.O_EXCL)
+    try:
+        fd = open_segment(name, os.O_RDWR | os.O_CREAT | os.O_EXCL)
+    except OSError as exc:  # ENOSPC here means no inode is left: nothing was created
+        if exc.errno == errno.ENOSPC:
+            raise _no_space(name, size) from exc
+        raise
     try:
         fill(fd, size, data)
     except BaseException as exc:
@@ -85,11 +107,25 @@ def create(name: str, size: int, data: memoryview | None) -> int:
 
 
 def _no_space(name: str, size: int) -> OSError:
+    """ENOSPC, saying which of the two limits of a tmpfs ran out and how to raise it.
+
+    A tmpfs limits its bytes (size=) and, separately, its number of files (nr_inodes=):
+    thousands of small leaked segments can use up the files long before the bytes.
+    """
     st = os.statvfs(SHM_DIR)
+    free = f"{st.f_bavail * st.f_frsize:,} free of {st.f_blocks * st.f_frsize:,}"
+    if st.f_files and st.f_favail == 0:
+        return OSError(
+            errno.ENOSPC,
+            f"unable to create shared memory segment {name}: no inode left in {SHM_DIR} "
+            f"(all {st.f_files:,} are in use, one per file; its space has {free} bytes). "
+            "Remove leaked torch_*/shmlab_* files there, or allow more files "
+            f"(mount -o remount,nr_inodes=... {SHM_DIR})",
+        )
     return OSError(
         errno.ENOSPC,
         f"unable to allocate shared memory for {name}: {size:,} bytes needed, "
-        f"{st.f_bavail * st.f_frsize:,} free of {st.f_blocks * st.f_frsize:,} in {SHM_DIR}. "
+        f"{free} in {SHM_DIR}. "
         "Free space there (look for leaked torch_*/shmlab_* files) or make it larger "
         f"(docker run --shm-size=2g, or mount -o remount,size=... {SHM_DIR})",
     )

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 
 from .mapping import Mapping
-from .segment import create, new_name, shm_unlink
+from .segment import check_size, create, new_name, shm_unlink
 
 
 def create_unlinked(size: int, data: memoryview | None = None) -> tuple[int, Mapping]:
@@ -34,7 +34,23 @@ def create_unlinked(size: int, data: memoryview | None = None) -> tuple[int, Map
 
 
 def map_fd(fd: int, size: int) -> tuple[int, Mapping]:
-    """Receiver side of file_descriptor: dup the received fd, keep the dup, map it."""
+    """Receiver side of file_descriptor: dup the received fd, keep the dup, map it.
+
+    Note [A received file smaller than its message claims]
+    The size travels beside the fd, so a forged or corrupted message can claim more bytes
+    than the file holds. mmap does not mind, but the first touch past the end of the file
+    kills the process with SIGBUS. torch's MapAllocator ftruncates the file up to the
+    claimed size instead; shmlab refuses, because growing it would silently allocate memory
+    in the sender's segment, without posix_fallocate (so a full /dev/shm would still SIGBUS
+    later), on the word of a message that is already wrong. The sender sizes every segment
+    exactly when it creates it, so a real message never trips this check.
+    """
+    size = check_size(size, minimum=1)  # empty storages travel without an fd
+    have = os.fstat(fd).st_size
+    if have < size:
+        raise ValueError(f"the received shared-memory file holds {have:,} bytes, but its "
+                         f"message claims {size:,}: the message was forged or corrupted "
+                         "(mapping it would end in SIGBUS on the first touch past the end)")
     own = os.dup(fd)
     try:
         return own, Mapping(own, size)

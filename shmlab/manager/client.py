@@ -21,10 +21,11 @@ import time
 
 import shmlab
 
-from .connection import ManagerClient, ManagerError, peek_status, watch
+from .connection import ManagerClient, ManagerError, NotAManagerError, peek_status, watch
 from .protocol import DAEMON_MODULE
 
-__all__ = ["ManagerClient", "ManagerError", "get_client", "peek_status", "reset", "watch"]
+__all__ = ["ManagerClient", "ManagerError", "NotAManagerError", "get_client", "peek_status",
+           "reset", "watch"]
 
 START_TIMEOUT_S = 30.0  # a cold Python start on a loaded machine can take seconds
 

@@ -12,11 +12,13 @@ from __future__ import annotations
 import json
 import os
 import socket
+import stat
+import struct
 import threading
 import time
 from collections.abc import Iterator
 
-from .protocol import parse_name
+from .protocol import DAEMON_MODULE, parse_name
 
 REPLY_TIMEOUT_S = 1.0  # torch's ClientSocket waits 1000 ms for the manager's "OK"
 CONNECT_TIMEOUT_S = 5.0  # how long a full listen queue may keep us waiting
@@ -47,6 +49,54 @@ def _gone(handle: bytes, why: object) -> ManagerError:
     )
 
 
+class NotAManagerError(ManagerError):
+    """The handle does not lead to a shmlab manager: nothing was sent over it."""
+
+
+def _not_a_manager(handle: bytes, why: object) -> NotAManagerError:
+    return NotAManagerError(
+        f"{handle.decode(errors='replace')!r} is not a shmlab manager's socket ({why}), so "
+        "nothing was sent to it: the manager handle in this message was forged or corrupted, "
+        "or its path now belongs to something else. Check what the sender pickled, or use "
+        "the 'file_descriptor' strategy, which needs no manager."
+    )
+
+
+# Note [Checking a handle before talking to it]
+# A handle arrives inside a pickle, and REGISTER lines name our pid and our segments: they must
+# reach a shmlab manager of our own user and nothing else. Before connecting, the path must be a
+# socket owned by our uid; after connecting, SO_PEERCRED names the process listening there, which
+# must have our uid and run `python -m shmlab.manager` (the daemon checks our uid the same way).
+# A path that does not exist is let through to connect(), whose error says the manager is gone.
+def _check_path(handle: bytes) -> None:
+    try:
+        st = os.lstat(handle)
+    except FileNotFoundError:
+        return
+    except (OSError, ValueError) as exc:  # ValueError: an embedded NUL byte
+        raise _not_a_manager(handle, exc) from exc
+    if not stat.S_ISSOCK(st.st_mode):
+        raise _not_a_manager(handle, "not a socket")
+    if st.st_uid != os.geteuid():
+        raise _not_a_manager(handle, f"owned by uid {st.st_uid}, not by us ({os.geteuid()})")
+
+
+def _check_peer(sock: socket.socket, handle: bytes) -> None:
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    pid, uid, _ = struct.unpack("3i", creds)
+    if uid != os.geteuid():
+        raise _not_a_manager(handle, f"the process listening there runs as uid {uid}")
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().decode(errors="replace").split("\0")
+    except OSError:  # pid 0 (another pid namespace) or already gone
+        argv = []
+    script = DAEMON_MODULE.replace(".", "/") + "/__main__.py"
+    if not any(a == DAEMON_MODULE or a.endswith(script) for a in argv):
+        raise _not_a_manager(handle, f"the process listening there, pid {pid}, is not "
+                                     f"`python -m {DAEMON_MODULE}`")
+
+
 def _bare(name: str | bytes) -> str:
     """'/shmlab_1_2_3' or b'shmlab_1_2_3' -> 'shmlab_1_2_3'; ValueError for anything else."""
     if isinstance(name, bytes):
@@ -59,12 +109,14 @@ def _bare(name: str | bytes) -> str:
 def _connect(handle: bytes) -> socket.socket:
     # A UNIX socket whose listen queue is full answers EAGAIN at once instead of waiting
     # (a burst of processes connecting together): try again for a while before giving up.
+    _check_path(handle)  # see Note [Checking a handle before talking to it]
     deadline = time.monotonic() + CONNECT_TIMEOUT_S
     while True:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(REPLY_TIMEOUT_S)
         try:
-            sock.connect(handle.decode())
+            sock.connect(handle)  # bytes: a forged handle need not be valid UTF-8
+            _check_peer(sock, handle)
             return sock
         except BlockingIOError as exc:
             sock.close()
@@ -74,6 +126,9 @@ def _connect(handle: bytes) -> socket.socket:
         except OSError as exc:
             sock.close()
             raise _gone(handle, exc) from exc
+        except NotAManagerError:
+            sock.close()
+            raise
 
 
 class ManagerClient:

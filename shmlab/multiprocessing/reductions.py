@@ -23,6 +23,7 @@ from multiprocessing import reduction
 from multiprocessing.util import register_after_fork
 
 from .._shm import FILE_SYSTEM, SHM_DIR
+from ..manager.client import NotAManagerError
 from ..storage import UntypedStorage
 from ..tensor import Tensor
 
@@ -177,6 +178,8 @@ def rebuild_storage_filename(cls, manager, handle, size):
         return storage._shared_decref()  # we hold it already: just release the in-flight count
     try:
         storage = cls._new_shared_filename_cpu(manager, handle, size)  # +1 for us
+    except NotAManagerError:
+        raise  # a bad handle, not a reclaimed segment: its own message says so
     except (OSError, RuntimeError) as exc:
         name = handle.decode() if isinstance(handle, bytes) else str(handle)
         if os.path.exists(os.path.join(SHM_DIR, name.lstrip("/"))):
