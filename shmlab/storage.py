@@ -16,7 +16,17 @@ import weakref
 
 import numpy as np
 
-from . import _shm
+from . import _manager_client, _shm
+
+# Note [Forking while the first share is in flight]
+# Everything the file_system path needs is imported here, at import time, never inside the
+# functions below. A Queue pickles in its feeder thread; a lazy `import` there holds that
+# module's import lock, and a main thread that forks meanwhile (Process.start() right after
+# q.put(), as upstream's test_fs_sharing does) hands the child the lock held by a thread that
+# does not exist in the child: its first receive of a file_system tensor then waits forever
+# in `_lock_unlock_module`. (torch imports multiprocessing.resource_sharer eagerly for the
+# same reason; reductions.py does too.) The other half of this Note, the manager started
+# from the feeder thread, is in _manager_client._start_manager.
 
 _FD, _FILENAME = "file_descriptor", "file_system"
 
@@ -34,10 +44,9 @@ def _release(kind: str, fd: int, name: str | None, manager: bytes | None, pid: i
         os.close(fd)  # the storage owned this fd; the mapping itself goes with its last view
     elif kind == _FILENAME and os.getpid() == pid:
         _shm.decref(name)  # the last holder unlinks the name
-        from ._manager_client import get_client
-
         try:
-            get_client(manager).free(name.lstrip("/"))  # tell the manager it may forget it
+            # tell the manager it may forget the name
+            _manager_client.get_client(manager).free(name.lstrip("/"))
         except (OSError, RuntimeError):
             pass  # manager gone: nothing to tell; the segment itself is already released
 
@@ -125,10 +134,8 @@ class UntypedStorage:
 
     def _share_filename_cpu_(self) -> tuple[bytes, bytes, int]:
         """file_system: move into a named, refcounted segment; return (manager, name, nbytes)."""
-        from ._manager_client import get_client
-
         if self._kind != _FILENAME:
-            client = get_client()  # starts the manager daemon on first use
+            client = _manager_client.get_client()  # starts the manager daemon on first use
             name = _shm.new_name()
             client.register(name.lstrip("/"))  # registered before it exists, as torch does
             try:
@@ -143,10 +150,8 @@ class UntypedStorage:
     @classmethod
     def _new_shared_filename_cpu(cls, manager: bytes, name: bytes, size: int) -> UntypedStorage:
         """Receiver: attach to a named segment (+1 on its refcount) and tell its manager."""
-        from ._manager_client import get_client
-
         name_s = name.decode() if isinstance(name, bytes) else str(name)
-        client = get_client(manager)
+        client = _manager_client.get_client(manager)
         client.register(name_s.lstrip("/"))
         try:
             mapping = _shm.attach_refcounted(name_s, size)
