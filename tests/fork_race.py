@@ -62,7 +62,7 @@ def _diagnose(child_pid: int) -> None:
     print("--- end", file=sys.stderr, flush=True)
 
 
-def trial(lib: str, warm: bool, wait_s: float) -> int:
+def trial(lib: str, warm: bool, wait_s: float, strategy: str = "file_system") -> int:
     """One attempt in this (fresh) interpreter: 0 = the child filled the tensor, 3 = hang."""
     import faulthandler
     import signal
@@ -85,7 +85,7 @@ def trial(lib: str, warm: bool, wait_s: float) -> int:
         import pickle
 
         pickle.loads(ForkingPickler.dumps(zeros(3)))
-    mp.set_sharing_strategy("file_system")
+    mp.set_sharing_strategy(strategy)
     q, e = ctx.Queue(), ctx.Event()
     x = zeros(5, 5)
     data = [x, x[:, 1]]
@@ -118,7 +118,7 @@ def classify(stderr: str) -> str:
 
 
 def run_trials(lib: str, runs: int, switch: float | None, warm: bool, wait_s: float,
-               verbose: bool = False) -> dict:
+               verbose: bool = False, strategy: str = "file_system") -> dict:
     """Run `runs` fresh-interpreter trials; return {"runs", "hangs", "causes", "errors", ...}."""
     causes: dict[str, int] = {}
     hangs = errors = 0
@@ -126,7 +126,8 @@ def run_trials(lib: str, runs: int, switch: float | None, warm: bool, wait_s: fl
     here = os.path.dirname(os.path.abspath(__file__))
     code = (f"import sys; sys.path.insert(0, {here!r}); "
             + (f"sys.setswitchinterval({switch!r}); " if switch else "")
-            + f"import fork_race; sys.exit(fork_race.trial({lib!r}, {warm!r}, {wait_s!r}))")
+            + f"import fork_race; sys.exit(fork_race.trial({lib!r}, {warm!r}, {wait_s!r}, "
+            f"{strategy!r}))")
     for _ in range(runs):
         try:
             proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -158,11 +159,13 @@ def main(argv=None) -> int:
     ap.add_argument("--switch", type=float, default=None, help="sys.setswitchinterval")
     ap.add_argument("--cold", action="store_true", help="skip the file_descriptor warm-up")
     ap.add_argument("--wait", type=float, default=5.0, help="seconds before a trial is a hang")
+    ap.add_argument("--strategy", default="file_system", help="the sharing strategy to race")
     ap.add_argument("--show", action="store_true", help="print the first hangs' diagnostics")
     args = ap.parse_args(argv)
-    result = run_trials(args.lib, args.runs, args.switch, not args.cold, args.wait, True)
+    result = run_trials(args.lib, args.runs, args.switch, not args.cold, args.wait, True,
+                        args.strategy)
     print(f"{args.lib}: {result['hangs']}/{result['runs']} hung, {result['errors']} errors "
-          f"(switchinterval={args.switch}, {'cold' if args.cold else 'warm'}); "
+          f"({args.strategy}, switchinterval={args.switch}, {'cold' if args.cold else 'warm'}); "
           f"causes: {result['causes']}")
     if args.show:
         for sample in result["samples"]:
