@@ -232,7 +232,10 @@ _started: list[subprocess.Popen] = []  # managers we started, reaped once they e
 # a half-started manager's pipes; it sees no manager or a started one. This is what torch
 # gets for free: its start_manager runs in C++ under the GIL, so the main thread cannot fork
 # (or run at all) meanwhile. Only forks wait, once per process, for ~0.1-1 s; other threads
-# keep running. It is an RLock so that a fork from the starting thread itself cannot deadlock.
+# keep running, by choice: a pure-Python start cannot hold the GIL, and stalling every thread
+# would buy nothing but torch's timing. (So upstream's test_fs, which sleeps 0.05 s after the
+# first put and expects the segment file, is early on shmlab; the port polls for it.)
+# It is an RLock so that a fork from the starting thread itself cannot deadlock.
 _start_lock = threading.RLock()
 
 
