@@ -19,6 +19,17 @@ import numpy as np
 
 from . import _shm
 from ._shm import FILE_DESCRIPTOR, FILE_SYSTEM
+from .manager.client import get_client
+
+# Note [Forking while the first share is in flight]
+# Everything the file_system path needs is imported here, at import time, never inside the
+# functions below. A Queue pickles in its feeder thread; a lazy `import` there holds that
+# module's import lock, and a main thread that forks meanwhile (Process.start() right after
+# q.put(), as upstream's test_fs_sharing does) hands the child the lock held by a thread that
+# does not exist in the child: its first receive of a file_system tensor then waits forever
+# in `_lock_unlock_module`. (torch imports multiprocessing.resource_sharer eagerly for the
+# same reason; reductions.py does too.) The other half of this Note, the manager started
+# from the feeder thread, is in shmlab.manager.client._start_manager.
 
 
 def _release(kind: str, fd: int, name: str | None, manager: bytes | None, pid: int) -> None:
@@ -44,8 +55,6 @@ def _release(kind: str, fd: int, name: str | None, manager: bytes | None, pid: i
                           f"process family exits, or remove {_shm.SHM_DIR}{name} by hand",
                           RuntimeWarning, stacklevel=2)
             return
-        from .manager.client import get_client
-
         try:
             get_client(manager).free(name.lstrip("/"))  # tell the manager it may forget it
         except (OSError, RuntimeError):
@@ -136,8 +145,6 @@ class UntypedStorage:
 
     def _share_filename_cpu_(self) -> tuple[bytes, bytes, int]:
         """file_system: move into a named, refcounted segment; return (manager, name, nbytes)."""
-        from .manager.client import get_client
-
         if self._kind != FILE_SYSTEM:
             client = get_client()  # starts the manager daemon on first use
             name = _shm.new_name()
@@ -154,8 +161,6 @@ class UntypedStorage:
     @classmethod
     def _new_shared_filename_cpu(cls, manager: bytes, name: bytes, size: int) -> UntypedStorage:
         """Receiver: attach to a named segment (+1 on its refcount) and tell its manager."""
-        from .manager.client import get_client
-
         name_s = name.decode() if isinstance(name, bytes) else str(name)
         client = get_client(manager)
         client.register(name_s.lstrip("/"))

@@ -35,6 +35,28 @@ _clients: dict[bytes, ManagerClient] = {}
 _default: bytes | None = None  # the first manager this process (or its fork parent) knew
 _started: list[subprocess.Popen] = []  # managers we started, reaped once they exit
 
+# Note [Forking while the first share is in flight] (the manager half; see storage.py)
+# The first file_system share usually runs in a Queue's feeder thread, so the manager is
+# started there while the main thread may fork (Process.start() right after q.put()). Popen
+# opens two pipes in this process: its exec-error pipe (EOF once the manager has exec'd) and
+# our handshake pipe. O_CLOEXEC, close_fds and pass_fds do not help: they act at exec, and a
+# fork child that never execs keeps every fd. Measured (tests/fork_race.py): the child kept
+# the error pipe's write end, so the feeder's `os.read` in Popen._execute_child waited for the
+# child to exit, the child waited in q.get() for the message the feeder was pickling, and
+# when the child was finally killed the manager's grace (nobody had connected for 2 s) was
+# over: `ManagerError ... not answering (ENOENT)`, the message dropped.
+# So a fork waits for a manager start in progress: `_start_lock` is held from Popen to the
+# end of the handshake, and an os.register_at_fork `before` hook takes it too (released in
+# the parent after the fork; the child gets a fresh one). A fork child therefore never holds
+# a half-started manager's pipes; it sees no manager or a started one. This is what torch
+# gets for free: its start_manager runs in C++ under the GIL, so the main thread cannot fork
+# (or run at all) meanwhile. Only forks wait, once per process, for ~0.1-1 s; other threads
+# keep running, by choice: a pure-Python start cannot hold the GIL, and stalling every thread
+# would buy nothing but torch's timing. (So upstream's test_fs, which sleeps 0.05 s after the
+# first put and expects the segment file, is early on shmlab; the port polls for it.)
+# It is an RLock so that a fork from the starting thread itself cannot deadlock.
+_start_lock = threading.RLock()
+
 
 def get_client(handle: bytes | None = None) -> ManagerClient:
     """The client for `handle`, or for this process's default manager (started lazily)."""
@@ -71,12 +93,13 @@ def _start_manager() -> bytes:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_parent, env.get("PYTHONPATH")]))
     # stderr goes nowhere: an inherited pipe would keep e.g. subprocess.run(capture_output=True)
     # of our starter waiting until the daemon exits. Failures come back on the handshake line.
-    proc = subprocess.Popen([sys.executable, "-m", DAEMON_MODULE], stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
-    try:
-        line = _read_handshake(proc.stdout.fileno(), START_TIMEOUT_S)
-    finally:
-        proc.stdout.close()
+    with _start_lock:  # see Note [Forking while the first share is in flight]
+        proc = subprocess.Popen([sys.executable, "-m", DAEMON_MODULE], stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
+        try:
+            line = _read_handshake(proc.stdout.fileno(), START_TIMEOUT_S)
+        finally:
+            proc.stdout.close()
     if line and not line.startswith("ERROR"):
         _started.append(proc)
         return line.encode()
@@ -106,12 +129,21 @@ def _read_handshake(fd: int, timeout: float) -> str:
     return data.decode(errors="replace").strip()
 
 
+def _before_fork() -> None:
+    _start_lock.acquire()  # wait for a manager start in progress (the Note above)
+
+
+def _after_fork_in_parent() -> None:
+    _start_lock.release()
+
+
 def _after_fork_in_child() -> None:
     # The child must not talk over its parent's sockets (replies would go to the wrong reader)
     # nor keep them open (the manager would think the parent still lives). Close our copies;
     # the parent's connections are untouched. _default stays: fork children reuse the manager.
-    global _lock
+    global _lock, _start_lock
     _lock = threading.Lock()  # another thread may have held the old one at fork time
+    _start_lock = threading.RLock()  # held by the forking thread, which the child does not run
     for client in _clients.values():
         if client._sock is not None:
             client._sock.close()
@@ -120,4 +152,5 @@ def _after_fork_in_child() -> None:
     _started.clear()  # not our children: we could not wait for them
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
+                    after_in_child=_after_fork_in_child)
