@@ -46,11 +46,12 @@ def _gone(pid: int) -> bool:
 
 @pytest.mark.timeout(120)
 def test_tracks_processes_and_pools_and_closes_them_all():
+    before = set(psutil.Process().children())  # e.g. a forkserver an earlier test started
     s = Session("fork")
     sleeper = s.process(time.sleep, 60)
     pool = s.pool(2)
     assert pool.map(abs, [-1, 2]) == [1, 2]
-    workers = set(psutil.Process().children()) - {psutil.Process(sleeper.pid)}
+    workers = set(psutil.Process().children()) - before - {psutil.Process(sleeper.pid)}
     assert sleeper.pid in s.pids and {w.pid for w in workers} <= s.pids
     left = s.close()
     assert left == {"files": [], "managers": [], "children": []}

@@ -84,7 +84,8 @@ def test_kill_the_producer_after_sharing(families, strategy):
         fam.ask(C, "release")
         if strategy == FS:  # the dead producer's count is never given back: the file stays
             assert counts(names[lib]) == [1, 1], lib
-        fam.finish(C)
+    for fam in fams.values():  # both exit together: the grace of the first must not run out
+        fam.finish(C)  # while the second is still being checked (a loaded machine)
     if strategy == FD:
         no_named_segments(fams)
     assert_reclaimed(fams, strategy)
@@ -138,6 +139,7 @@ def test_kill_the_consumer_while_it_holds_the_tensor(families, strategy):
         fam.ask(P, "release")
         if strategy == FS:  # now the dead consumer's count keeps the file
             assert counts(names[lib]) == [1, 1], lib
+    for fam in fams.values():  # both exit together (see test_kill_the_producer_after_sharing)
         fam.finish(P)
     if strategy == FD:
         no_named_segments(fams)
