@@ -91,7 +91,9 @@ def test_shm_files_and_leak_cleanup_follow_a_sigkilled_consumer(lib):
             (lib, pids["sender"], 2, False)}  # the sender and the consumer hold one count each
         assert {s.size for s in held} == {4096 + 64}  # data plus the refcount header
         row = f'<tr class="shmlab-segment"><td class="l">{held[0].name}</td>'
-        assert row in dash.files.table.value and held[0].name in dash.files.text()
+        # rows and the rendered table are set one after the other by the refresh thread
+        wait_for(lambda: row in dash.files.table.value, 2.0, "the segment's row in the table")
+        assert held[0].name in dash.files.text()
 
         for pid in (pids["receiver"], pids["sender"]):  # the whole job is killed
             os.kill(pid, signal.SIGKILL)
