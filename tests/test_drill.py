@@ -191,3 +191,26 @@ def test_anki_export_is_a_zip_with_an_sqlite_deck_of_every_card(tmp_path):
         assert fields[col("prompt_zh")] == html.escape(c.prompt["zh"])
         assert fields[col("answer_en")] == html.escape(c.answer["en"])
     assert any("张量" in f[col("answer_zh")] for f in notes)
+
+
+# --- the widget, without a browser (tests/test_browser_drill.py clicks it in Chromium) ----------
+def test_quiz_buttons_reveal_grade_save_and_chart(data_dir):
+    from shmlab.drill import Quiz
+
+    quiz = Quiz(deck=Deck(clock=Clock(), seed=0), lang="en")
+    card = quiz.deck.current()
+    assert all(b.disabled for b in quiz.grade_buttons) and card.prompt["en"][:20] in quiz.text()
+    assert card.answer["en"] not in quiz.text()
+    quiz.reveal_button.click()
+    assert quiz.revealed and "✗" in quiz.answer.value and card.link.split("#")[0] in quiz.text()
+    easy = next(b for b in quiz.grade_buttons if b.description == "easy")
+    easy.click()
+    assert state.load()["cards"][card.id]["last"] == "easy"
+    assert f'data-question="{card.question}" data-known="1" data-seen="1"' in quiz.chart.value
+    quiz.lang_buttons.value = "中文"
+    nxt = quiz.deck.current()
+    assert nxt.prompt["zh"] in quiz.question.value and nxt.prompt["en"] not in quiz.question.value
+    with pytest.raises(RuntimeError):
+        quiz.grade("good")  # not revealed yet
+    reloaded = Quiz(deck=Deck(clock=Clock(), seed=0))
+    assert f'data-question="{card.question}" data-known="1"' in reloaded.chart.value
