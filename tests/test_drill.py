@@ -214,3 +214,25 @@ def test_quiz_buttons_reveal_grade_save_and_chart(data_dir):
         quiz.grade("good")  # not revealed yet
     reloaded = Quiz(deck=Deck(clock=Clock(), seed=0))
     assert f'data-question="{card.question}" data-known="1"' in reloaded.chart.value
+
+
+# --- the documents ------------------------------------------------------------------------------
+DOCS = ("cheatsheet.md", "cheatsheet.zh.md", "mock_interview.md", "study_plan.md")
+
+
+def test_readme_links_the_cheat_sheets_mock_interview_and_plan():
+    from support.nbutil import REPO
+
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    for name in DOCS:
+        assert (REPO / "docs" / name).is_file() and f"(docs/{name})" in readme, name
+    for name in ("cheatsheet.md", "cheatsheet.zh.md"):
+        text = (REPO / "docs" / name).read_text(encoding="utf-8")
+        assert sum(line.startswith(f"{i}. ") for i in range(1, 11)
+                   for line in text.splitlines()) == 10, name  # the ten wrong answers
+    mock = (REPO / "docs" / "mock_interview.md").read_text(encoding="utf-8")
+    for q in ("Q1", "Q2", "Q3", "Q4", "Q5"):
+        section = mock.split(f"## {q} ")[1].split("\n## ")[0]
+        assert all(k in section for k in ("**Opening.**", "**Follow-ups.**", "3. ",
+                                          "**Junior answer.**", "**Senior answer.**",
+                                          "**Red flags.**")), q
