@@ -1,6 +1,7 @@
 """``python -m shmlab <command>``: the package's commands, one table, one module each.
 
     python -m shmlab doctor [--json] [--clean [--yes]]   read this machine's shm health
+    python -m shmlab drill [--cards N] [--export anki|csv FILE]   interview flashcards
 
 A command is a module with ``main(argv) -> int``; add a row to COMMANDS for a new one.
 """
@@ -13,6 +14,7 @@ import sys
 # command -> (module with main(argv), one line of help)
 COMMANDS = {
     "doctor": ("shmlab.tools.doctor", "read this machine's shared-memory health; fix leaks"),
+    "drill": ("shmlab.drill.cli", "interview flashcards with spaced repetition; --export anki|csv"),
 }
 
 

@@ -1,0 +1,7 @@
+"""`python -m shmlab.drill`: the interview drill in a terminal (see shmlab.drill.cli)."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

@@ -1,0 +1,91 @@
+"""The terminal mode: `python -m shmlab.drill` asks a few cards, you grade yourself.
+
+Each card: the question is printed; type your answer (or just think it) and press Enter; the
+answer, the common wrong answer and the notebook section that proves it are printed; grade it
+1 again, 2 hard, 3 good, 4 easy (or the word), q to stop. State is saved after every grade (see
+shmlab.drill.state), so the next session picks up where this one stopped. Reads plain lines from
+stdin, so it can be scripted: `printf '\\n3\\n' | python -m shmlab.drill --cards 1`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from . import bank, export, state
+from .deck import Deck
+from .schedule import GRADES
+
+KEYS = {"1": "again", "2": "hard", "3": "good", "4": "easy", **{g: g for g in GRADES}}
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m shmlab.drill", description=__doc__.split("\n")[0])
+    p.add_argument("--cards", type=int, default=5, help="cards this session (default 5)")
+    p.add_argument("--lang", choices=("en", "zh", "both"), default="both")
+    p.add_argument("--question", action="append", choices=bank.QUESTIONS,
+                   help="only cards of this handout question (repeatable)")
+    p.add_argument("--seed", type=int, default=0, help="order of new cards (default 0)")
+    p.add_argument("--export", nargs=2, metavar=("csv|anki", "FILE"),
+                   help="write every card to FILE instead of drilling")
+    p.add_argument("--progress", action="store_true", help="print progress per question, exit")
+    return p
+
+
+def show_progress(deck: Deck, out) -> None:
+    for question, row in deck.progress().items():
+        bar = "#" * row["known"] + "+" * (row["seen"] - row["known"])
+        bar += "." * (row["total"] - row["seen"])
+        print(f"{question:>6} {bar} {row['known']}/{row['total']} known", file=out)
+
+
+def ask(card, lang: str, read, out) -> str | None:
+    """One card; returns the grade, or None if the learner quits (q or end of input)."""
+    print(f"\n[{card.question} · {card.level}] {card.text('prompt', lang)}", file=out)
+    if read("your answer (Enter to reveal)> ") is None:
+        return None
+    print(f"\n{card.text('answer', lang)}", file=out)
+    print(f"\n✗ {card.text('wrong', lang)}\n  → {card.text('why_wrong', lang)}", file=out)
+    print(f"\nsee notebooks/{card.link}", file=out)
+    while True:
+        line = read("grade: 1 again, 2 hard, 3 good, 4 easy (q quits)> ")
+        if line is None or line.strip().lower() in ("q", "quit"):
+            return None
+        if line.strip().lower() in KEYS:
+            return KEYS[line.strip().lower()]
+        print("type 1, 2, 3 or 4", file=out)
+
+
+def drill(deck: Deck, lang: str, stdin, out) -> int:
+    def read(prompt):
+        print(prompt, end="", file=out, flush=True)
+        line = stdin.readline()
+        return None if line == "" else line
+
+    while (card := deck.current()) is not None:
+        grade = ask(card, lang, read, out)
+        if grade is None:
+            break
+        deck.grade(grade)
+    deck.save()
+    print(f"\n{deck.answered} card(s) graded; saved to {state.path()}", file=out)
+    show_progress(deck, out)
+    return 0
+
+
+def main(argv=None, stdin=None, out=None) -> int:
+    args = parser().parse_args(argv)
+    stdin, out = stdin or sys.stdin, out or sys.stdout
+    if args.export:
+        kind, path = args.export
+        writers = {"csv": export.to_csv, "anki": export.to_anki}
+        if kind not in writers:
+            parser().error("--export takes csv or anki")
+        n = writers[kind](bank.load(), path)
+        print(f"wrote {n} cards to {path}", file=out)
+        return 0
+    deck = Deck(seed=args.seed, questions=args.question, limit=args.cards)
+    if args.progress:
+        show_progress(deck, out)
+        return 0
+    return drill(deck, args.lang, stdin, out)
