@@ -1,0 +1,231 @@
+"""Faults to throw at a running manager: stalls, observer floods, oversized STATUS, bad lines.
+
+Mirrors: nothing in torch; these are the attacks of issue 15, as reusable functions, so tests
+and the stress tool (`python -m shmlab.stress --faults ...`) inject exactly the same faults.
+
+Every function takes the manager's handle (its socket path, bytes or str) or its pid, works
+on real sockets and real /dev/shm files, and returns what it did, so the caller can check the
+one rule afterwards: **no live segment was unlinked**. Nothing here waits on the manager
+without a timeout, and everything opened is closed by the caller through the returned object
+(`close_all`), so a test can leave nothing behind.
+
+    stall(pid, seconds)                  SIGSTOP the manager, sleep, SIGCONT (always)
+    stall_later(pid, rng, lo, hi, ...)   a thread that does that at a random moment
+    flood_observers(handle, n)           n WATCH connections that never read
+    fill(handle, n)                      n real 64-byte segments registered on one connection
+    free_flood(handle, nbytes)           nbytes of bad "FREE" lines, replies never read
+    status_storm(handle, threads, s)     threads asking STATUS back to back for s seconds
+    register_latency(handle, n)          n REGISTER round trips (seconds each) on a fresh conn
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import secrets
+import signal
+import socket
+import threading
+import time
+
+from .._shm import PREFIX, SHM_DIR
+
+TIMEOUT_S = 10.0  # no fault function waits on the manager longer than this per reply
+
+
+def _path(handle: bytes | str) -> str:
+    return handle.decode() if isinstance(handle, bytes) else handle
+
+
+def connect(handle: bytes | str, timeout: float = TIMEOUT_S, rcvbuf: int | None = None):
+    """A raw connection to the manager (optionally with a tiny receive buffer)."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    if rcvbuf is not None:  # set before connect: a small buffer fills after a few events
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    sock.settimeout(timeout)
+    sock.connect(_path(handle))
+    return sock
+
+
+def close_all(socks) -> None:
+    for sock in socks:
+        with contextlib.suppress(OSError):
+            sock.close()
+
+
+def readline(sock: socket.socket, buf: bytearray) -> bytes:
+    """One reply line from `sock` ('' at end of file), keeping the rest in `buf`."""
+    while b"\n" not in buf:
+        chunk = sock.recv(65536)
+        if not chunk:
+            return b""
+        buf += chunk
+    line, _, rest = bytes(buf).partition(b"\n")
+    buf[:] = rest
+    return line
+
+
+# -- stalls -------------------------------------------------------------------------------------
+def stall(pid: int, seconds: float) -> float:
+    """SIGSTOP `pid` for `seconds`, then SIGCONT, even if we are interrupted. Returns seconds."""
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        time.sleep(seconds)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    return seconds
+
+
+def stall_later(pid: int, rng: random.Random, lo: float = 0.5, hi: float = 3.0,
+                within: float = 1.0) -> threading.Thread:
+    """Start a thread that waits uniform(0, within) s, then stalls `pid` for uniform(lo, hi) s.
+
+    The thread's `.at_s` and `.stall_s` say what it chose; join() it before checking.
+    """
+    at, length = rng.uniform(0.0, within), rng.uniform(lo, hi)
+
+    def run():
+        time.sleep(at)
+        with contextlib.suppress(ProcessLookupError):  # the manager may be gone by then
+            stall(pid, length)
+
+    thread = threading.Thread(target=run, name=f"stall-{pid}", daemon=True)
+    thread.at_s, thread.stall_s = at, length
+    thread.start()
+    return thread
+
+
+# -- observers, big replies, bad lines ---------------------------------------------------------
+def flood_observers(handle: bytes | str, n: int) -> list[socket.socket]:
+    """n connections that send WATCH and never read (tiny receive buffers): close_all() them."""
+    socks = []
+    try:
+        for _ in range(n):
+            sock = connect(handle, rcvbuf=1024)
+            sock.sendall(b"WATCH\n")
+            socks.append(sock)
+    except OSError:
+        close_all(socks)
+        raise
+    return socks
+
+
+def make_segment(tag: str = "fault") -> str:
+    """A real 64-byte /dev/shm file with a shmlab name; the caller unlinks it (`unlink_all`)."""
+    name = f"{PREFIX}_{os.getpid()}_{tag}{secrets.randbelow(10**9)}_0"
+    fd = os.open(os.path.join(SHM_DIR, name), os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    try:
+        os.write(fd, bytes(64))
+    finally:
+        os.close(fd)
+    return name
+
+
+def unlink_all(names) -> int:
+    """Unlink the files still there; returns how many were still there (= not reclaimed)."""
+    left = 0
+    for name in names:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(SHM_DIR, name))
+            left += 1
+    return left
+
+
+def alive(names) -> int:
+    """How many of `names` still exist in /dev/shm."""
+    return sum(os.path.lexists(os.path.join(SHM_DIR, n)) for n in names)
+
+
+def fill(handle: bytes | str, n: int, pid: int | None = None):
+    """Make n real segments and REGISTER them, pipelined, on one new connection.
+
+    Returns (sock, names): the connection is now a client that keeps the names alive; say
+    `sock.sendall(b"BYE\\n")` before closing it to leave cleanly. Raises if any reply is
+    not OK.
+    """
+    names = [make_segment() for _ in range(n)]
+    sock, buf = connect(handle), bytearray()
+    try:
+        pid = os.getpid() if pid is None else pid
+        for i in range(0, n, 512):  # pipelined in batches, so no buffer ever fills
+            batch = names[i:i + 512]
+            sock.sendall(b"".join(f"REGISTER {pid} {nm}\n".encode() for nm in batch))
+            for nm in batch:
+                reply = readline(sock, buf)
+                if reply != b"OK":
+                    raise RuntimeError(f"REGISTER {nm} answered {reply!r}")
+    except BaseException:
+        sock.close()
+        unlink_all(names)
+        raise
+    return sock, names
+
+
+def free_flood(handle: bytes | str, nbytes: int) -> socket.socket:
+    """Send `nbytes` of b"FREE\\n" (a bad line each) and never read; returns the connection."""
+    sock = connect(handle, timeout=2.0)
+    chunk = b"FREE\n" * 13108  # 64 KiB
+    sent = 0
+    with contextlib.suppress(OSError):  # the manager may close us: that is an answer too
+        while sent < nbytes:
+            sock.sendall(chunk[: nbytes - sent])
+            sent += min(len(chunk), nbytes - sent)
+    return sock
+
+
+def status_storm(handle: bytes | str, threads: int = 2, seconds: float = 2.0) -> dict:
+    """`threads` threads send STATUS back to back for `seconds`; counts answers and errors."""
+    counts = {"answers": 0, "errors": 0, "slowest_s": 0.0}
+    lock = threading.Lock()
+    stop = time.monotonic() + seconds
+
+    def run():
+        try:
+            sock, buf = connect(handle), bytearray()
+        except OSError:
+            with lock:
+                counts["errors"] += 1
+            return
+        with sock:
+            while time.monotonic() < stop:
+                t0 = time.monotonic()
+                try:
+                    sock.sendall(b"STATUS\n")
+                    ok = readline(sock, buf).startswith(b"{")
+                except OSError:
+                    ok = False
+                with lock:
+                    counts["answers" if ok else "errors"] += 1
+                    counts["slowest_s"] = max(counts["slowest_s"], time.monotonic() - t0)
+                if not ok:
+                    return
+
+    pool = [threading.Thread(target=run, daemon=True) for _ in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join(seconds + TIMEOUT_S)
+    return counts
+
+
+def register_latency(handle: bytes | str, n: int = 20, timeout: float = 1.0) -> list[float]:
+    """n REGISTER round trips of names that need not exist; seconds each (inf: no answer in
+    `timeout`). Says BYE afterwards, so the connection leaves cleanly."""
+    out = []
+    try:
+        sock, buf = connect(handle, timeout=timeout), bytearray()
+    except OSError:
+        return [float("inf")] * n
+    with sock:
+        for i in range(n):
+            t0 = time.monotonic()
+            try:
+                sock.sendall(f"REGISTER {os.getpid()} {PREFIX}_{os.getpid()}_lat_{i}\n".encode())
+                ok = readline(sock, buf) == b"OK"
+            except OSError:
+                ok = False
+            out.append(time.monotonic() - t0 if ok else float("inf"))
+        with contextlib.suppress(OSError):
+            sock.sendall(b"BYE\n")
+    return out
