@@ -9,6 +9,7 @@ manager a process talks to, and starting one, is `client.py`'s business.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -16,7 +17,7 @@ import threading
 import time
 from collections.abc import Iterator
 
-from .protocol import parse_name
+from .protocol import MAX_STATUS_PAGE, STATUS_PAGE, parse_name
 
 REPLY_TIMEOUT_S = 1.0  # torch's ClientSocket waits 1000 ms for the manager's "OK"
 CONNECT_TIMEOUT_S = 5.0  # how long a full listen queue may keep us waiting
@@ -32,6 +33,18 @@ CONNECT_TIMEOUT_S = 5.0  # how long a full listen queue may keep us waiting
 #     old one held will not be reclaimed: remove /dev/shm/shmlab_* of dead processes by hand).
 # A restart would hide exactly the fact the lab teaches: the leak cleaner is no longer watching.
 
+# Note [A slow reply is not "I left"]
+# A request that gets no answer within REPLY_TIMEOUT_S raises ManagerError, as torch's does,
+# but the connection stays open: closing it would tell the manager "this process left", and
+# with the family's only client gone a stalled manager (SIGSTOP 2.2 s) would wake up, start
+# its grace period and unlink segments that are still in use. Replies come back in the order
+# of the requests (one line per REGISTER or STATUS, none for FREE or BYE), so we count the
+# answers we stopped waiting for (`_owed`) and skip that many lines before reading the next
+# answer: a late "OK" is never taken for the answer to a later request. torch keeps the fd
+# too, but reads its late "OK" as the next answer (every answer is "OK", so it gets away with
+# it). Only end of file or a reset closes the connection here; close() says BYE first, so
+# the manager knows the difference between "left" and "dropped" (see liveness.py).
+
 
 class ManagerError(RuntimeError):
     """The manager could not be started, reached, or refused a request."""
@@ -44,6 +57,15 @@ def _gone(handle: bytes, why: object) -> ManagerError:
         "file_system segment can be registered with it. Next: call "
         "shmlab.manager.client.reset() so the next allocation starts a fresh manager, or use "
         "the 'file_descriptor' strategy."
+    )
+
+
+def _slow(handle: bytes, line: str, why: object) -> ManagerError:
+    return ManagerError(
+        f"the shmlab manager at {handle.decode(errors='replace')} is not answering "
+        f"{line.split()[0]} ({why}); it is stuck or very busy. This connection stays open, so "
+        "nothing is reclaimed meanwhile; the next request may well work. If it never "
+        "recovers, shmlab.manager.client.reset() starts a fresh manager."
     )
 
 
@@ -85,6 +107,7 @@ class ManagerClient:
         self.handle = handle
         self._lock = threading.Lock()
         self._buf = b""
+        self._owed = 0  # replies to requests that timed out, still to come: skip them
         self._sock: socket.socket | None = _connect(handle)
 
     @property
@@ -107,23 +130,40 @@ class ManagerClient:
                 except OSError:
                     self._close_locked()  # see Note [When the manager is gone]
 
-    def status(self) -> dict:
-        """The manager's STATUS: pid, clients, observers, segments, grace_s."""
-        return json.loads(self._request("STATUS"))
+    def status(self, max_names: int | None = None) -> dict:
+        """The manager's STATUS: pid, clients, members, observers, grace_s, count and
+        segments: every registered name, sorted (or the first `max_names`), fetched a page
+        at a time so no single answer is large (not atomic across pages)."""
+        names: set[str] = set()
+        offset = 0
+        while True:
+            want = MAX_STATUS_PAGE if max_names is None else min(MAX_STATUS_PAGE,
+                                                                 max_names - len(names))
+            page = json.loads(self._request(f"STATUS {offset} {max(want, 0)}"))
+            names.update(page["segments"])
+            offset = page["next"]
+            if offset is None or (max_names is not None and len(names) >= max_names):
+                break
+        page["segments"] = sorted(names)
+        return page
 
     def watch(self, timeout: float | None = None) -> Iterator[dict]:
         """Events from this client's manager, on a separate observer connection."""
         return watch(self.handle, timeout)
 
     def close(self) -> None:
-        """Close the connection (safe twice). The manager counts us as gone."""
+        """Say BYE and close the connection (safe twice): this process has left."""
         with self._lock:
+            if self._sock is not None:
+                with contextlib.suppress(OSError):  # best effort: never block, never raise
+                    self._sock.setblocking(False)
+                    self._sock.send(b"BYE\n")
             self._close_locked()
 
     def _close_locked(self) -> None:
         if self._sock is not None:
             self._sock.close()
-            self._sock, self._buf = None, b""
+            self._sock, self._buf, self._owed = None, b"", 0
 
     def _request(self, line: str) -> str:
         with self._lock:
@@ -131,19 +171,27 @@ class ManagerClient:
                 raise ManagerError("this ManagerClient is closed (by close(), or after its "
                                    "manager stopped answering): get_client(handle) reconnects; "
                                    "if that manager is gone, reset() starts a fresh one")
+            deadline = time.monotonic() + REPLY_TIMEOUT_S
             try:
+                self._sock.settimeout(REPLY_TIMEOUT_S)
                 self._sock.sendall(line.encode() + b"\n")
-                return self._readline(REPLY_TIMEOUT_S)
-            except OSError as exc:  # includes TimeoutError; a late reply would desync us
+                self._owed += 1  # ours, until it has come (see Note [A slow reply ...])
+                while True:
+                    reply = self._readline(deadline)
+                    self._owed -= 1
+                    if self._owed == 0:
+                        return reply
+            except TimeoutError as exc:  # stalled or busy, not gone: stay connected
+                raise _slow(self.handle, line, exc) from exc
+            except OSError as exc:  # end of file or reset: the manager is gone
                 self._close_locked()
                 raise _gone(self.handle, exc) from exc
 
-    def _readline(self, timeout: float) -> str:
-        deadline = time.monotonic() + timeout
+    def _readline(self, deadline: float) -> str:
         while b"\n" not in self._buf:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise TimeoutError(f"no reply within {timeout} s")
+                raise TimeoutError(f"no reply within {REPLY_TIMEOUT_S} s")
             self._sock.settimeout(left)
             chunk = self._sock.recv(4096)
             if not chunk:
@@ -166,14 +214,18 @@ def watch(handle: bytes, timeout: float | None = None) -> Iterator[dict]:
         sock.sendall(b"WATCH\nSTATUS\n")
         early = []  # events that raced ahead of the STATUS answer
         for line in reader:
+            if not line.startswith(b"{"):  # e.g. "ERR too many observers (64)"
+                raise ManagerError(f"the manager refused WATCH: {line.decode(errors='replace')!r}")
             message = json.loads(line)
             if "event" not in message:
                 break  # the STATUS answer: we are subscribed
             early.append(message)
         sock.settimeout(timeout)
-    except OSError as exc:
+    except (OSError, ManagerError) as exc:
         reader.close()
         sock.close()
+        if isinstance(exc, ManagerError):
+            raise
         raise _gone(handle, exc) from exc
     return _follow(sock, reader, early)
 
@@ -188,12 +240,14 @@ def _follow(sock: socket.socket, reader, early: list[dict]) -> Iterator[dict]:
         sock.close()
 
 
-def peek_status(handle: bytes) -> dict:
+def peek_status(handle: bytes, max_names: int = STATUS_PAGE) -> dict:
     """STATUS on a fresh connection that is closed at once: for probes and widgets, which
-    must not keep a manager alive (see Note [Who keeps the manager alive] in daemon.py)."""
+    must not keep a manager alive (see Note [Who keeps the manager alive] in daemon.py).
+    One page: "count" says how many names there are, "segments" holds the first
+    `max_names` of them (at most MAX_STATUS_PAGE); ManagerClient.status() pages through all."""
     sock = _connect(handle)
     try:
-        sock.sendall(b"STATUS\n")
+        sock.sendall(f"STATUS 0 {max(0, min(max_names, MAX_STATUS_PAGE))}\n".encode())
         with sock.makefile("rb") as reader:
             line = reader.readline()
     except OSError as exc:
