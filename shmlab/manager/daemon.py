@@ -25,7 +25,6 @@ buffers), liveness.py (which members live), eventlog.py (the log).
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import resource
 import selectors
@@ -92,17 +91,6 @@ class Manager(Requests):
         # One fd held in reserve, so that with a full fd table we can still accept-and-refuse.
         self.spare_fd = os.open(os.devnull, os.O_RDONLY)
 
-    # -- events: logged, and queued to observers (never sent from here: no recursion) --------
-    def event(self, kind: str, pid: int | None = None, name=None, reason=None,
-              broadcast: bool = True) -> None:
-        line = json.dumps({"t": time.time(), "event": kind, "pid": pid, "name": name,
-                           "reason": reason})
-        self.log.write(line)
-        if broadcast and self.kinds["observer"]:
-            for conn in self.conns.values():
-                if conn.kind == "observer" and not conn.doomed:
-                    conn.queue(line)
-
     def set_kind(self, conn: Conn, kind: str) -> None:
         self.kinds[conn.kind] -= 1
         self.kinds[kind] += 1
@@ -143,11 +131,11 @@ class Manager(Requests):
         if self.conns.pop(conn.sock, None) is None:
             return
         self.kinds[conn.kind] -= 1
+        if reason:  # say why first: whoever sees the hang-up can already read the reason
+            self.event("refused", pid=conn.pid, reason=reason, broadcast=broadcast)
         if conn.mask:
             self.sel.unregister(conn.sock)
         conn.sock.close()
-        if reason:
-            self.event("refused", pid=conn.pid, reason=reason, broadcast=broadcast)
         if conn.kind == "client":
             self.members.left(conn.pid, conn.said_bye)
             kept = not conn.said_bye and conn.pid in self.members.kept_alive()
@@ -228,16 +216,27 @@ class Manager(Requests):
                 self.watch_conn(conn)
 
     def shutdown(self, crash: BaseException | None = None) -> None:
-        try:  # nothing below may stop us from unlinking and removing our directory
-            for name in sorted(self.segments) if crash is None else ():
-                if segment_exists(name):  # gone already = its last user unlinked it: fine
-                    try:
-                        os.unlink(os.path.join(SHM_DIR, name))
-                        self.event("reclaimed", pid=os.getpid(), name=name)
-                    except OSError as exc:
-                        self.event("refused", pid=os.getpid(), name=name, reason=str(exc))
+        # First the one job that matters, with nothing in between that could raise: unlink.
+        # After a crash of our own, clients may still be using their segments: leave them.
+        done: list[tuple[str, OSError | None]] = []
+        for name in sorted(self.segments) if crash is None else ():
+            if segment_exists(name):  # gone already = its last user unlinked it: fine
+                try:
+                    os.unlink(os.path.join(SHM_DIR, name))
+                    done.append((name, None))
+                except OSError as exc:
+                    done.append((name, exc))
+        try:  # then tell the log and the observers, then close everything, come what may
+            give_up = time.monotonic() + 2.0  # observers get this long to take the last events
+            for i, (name, exc) in enumerate(done):
+                if exc is None:
+                    self.event("reclaimed", pid=os.getpid(), name=name)
+                else:
+                    self.event("refused", pid=os.getpid(), name=name, reason=str(exc))
+                if i % 256 == 255:  # let readers keep up, so only the silent fall behind
+                    self.last_flush(give_up - time.monotonic())
             self.event("exiting", pid=os.getpid(), reason=crash and repr(crash))  # then EOF
-            self.last_flush(1.0)
+            self.last_flush(max(0.5, give_up - time.monotonic()))
         finally:
             for sock in list(self.conns):
                 with contextlib.suppress(OSError):
@@ -249,13 +248,14 @@ class Manager(Requests):
             shutil.rmtree(self.dir, ignore_errors=True)
 
     def last_flush(self, within: float) -> None:
-        """Give observers up to `within` seconds to take their last events (then EOF)."""
+        """Give observers up to `within` seconds to take what is queued for them."""
         end = time.monotonic() + within
         behind = [c for c in self.conns.values() if c.outbox and not c.doomed]
-        while behind and time.monotonic() < end:
+        while behind:
             behind = [c for c in behind if c.flush() and c.outbox]
-            if behind:
-                time.sleep(0.01)
+            if not behind or time.monotonic() >= end:
+                return
+            time.sleep(0.005)
 
 
 def _raise_fd_limit(need: int) -> None:

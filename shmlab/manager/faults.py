@@ -144,9 +144,10 @@ def fill(handle: bytes | str, n: int, pid: int | None = None):
     `sock.sendall(b"BYE\\n")` before closing it to leave cleanly. Raises if any reply is
     not OK.
     """
-    names = [make_segment() for _ in range(n)]
-    sock, buf = connect(handle), bytearray()
+    sock, buf = connect(handle), bytearray()  # first: an open connection keeps it serving
+    names: list[str] = []
     try:
+        names.extend(make_segment() for _ in range(n))
         pid = os.getpid() if pid is None else pid
         for i in range(0, n, 512):  # pipelined in batches, so no buffer ever fills
             batch = names[i:i + 512]

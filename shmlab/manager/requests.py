@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import time
 
 from .conns import MAX_BAD_LINES, Conn
 from .protocol import parse_request, segment_exists
@@ -22,6 +23,17 @@ MAX_SEGMENTS = 1 << 18  # a runaway client must not grow our memory without boun
 
 class Requests:
     """The request handlers of `daemon.Manager` (which owns segments, members and kinds)."""
+
+    # -- events: logged, and queued to observers (never sent from here: no recursion) ----
+    def event(self, kind: str, pid: int | None = None, name=None, reason=None,
+              broadcast: bool = True) -> None:
+        line = json.dumps({"t": time.time(), "event": kind, "pid": pid, "name": name,
+                           "reason": reason})
+        self.log.write(line)
+        if broadcast and self.kinds["observer"]:
+            for conn in self.conns.values():
+                if conn.kind == "observer" and not conn.doomed:
+                    conn.queue(line)
 
     def refused(self, conn: Conn, reason: str, name=None) -> None:
         """A "refused" event, at most a burst and then a few a second per connection."""
