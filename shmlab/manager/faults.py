@@ -176,31 +176,32 @@ def free_flood(handle: bytes | str, nbytes: int) -> socket.socket:
 
 
 def status_storm(handle: bytes | str, threads: int = 2, seconds: float = 2.0) -> dict:
-    """`threads` threads send STATUS back to back for `seconds`; counts answers and errors."""
+    """`threads` threads send STATUS back to back for `seconds`, reconnecting after an error
+    (as a polling widget would); counts answers, errors and the slowest answer."""
     counts = {"answers": 0, "errors": 0, "slowest_s": 0.0}
     lock = threading.Lock()
     stop = time.monotonic() + seconds
 
     def run():
-        try:
-            sock, buf = connect(handle), bytearray()
-        except OSError:
-            with lock:
-                counts["errors"] += 1
-            return
-        with sock:
-            while time.monotonic() < stop:
-                t0 = time.monotonic()
-                try:
-                    sock.sendall(b"STATUS\n")
-                    ok = readline(sock, buf).startswith(b"{")
-                except OSError:
-                    ok = False
+        while time.monotonic() < stop:
+            t0, ok = time.monotonic(), False
+            try:
+                with connect(handle, timeout=max(0.1, stop - t0)) as sock:
+                    buf = bytearray()
+                    while time.monotonic() < stop:
+                        t0 = time.monotonic()
+                        sock.sendall(b"STATUS\n")
+                        ok = readline(sock, buf).startswith(b"{")
+                        if not ok:
+                            break
+                        with lock:
+                            counts["answers"] += 1
+                            counts["slowest_s"] = max(counts["slowest_s"], time.monotonic() - t0)
+            except (OSError, ValueError):
+                ok = False
+            if not ok and time.monotonic() < stop:
                 with lock:
-                    counts["answers" if ok else "errors"] += 1
-                    counts["slowest_s"] = max(counts["slowest_s"], time.monotonic() - t0)
-                if not ok:
-                    return
+                    counts["errors"] += 1
 
     pool = [threading.Thread(target=run, daemon=True) for _ in range(threads)]
     for t in pool:
