@@ -63,9 +63,9 @@ def _gone(handle: bytes, why: object) -> ManagerError:
 def _slow(handle: bytes, line: str, why: object) -> ManagerError:
     return ManagerError(
         f"the shmlab manager at {handle.decode(errors='replace')} is not answering "
-        f"{line.split()[0]} ({why}); it is stuck or very busy. This connection stays open, so "
-        "nothing is reclaimed meanwhile; the next request may well work. If it never "
-        "recovers, shmlab.manager.client.reset() starts a fresh manager."
+        f"{line.split()[0]} ({why}); it is stuck or very busy. The connection stays open and "
+        "the manager keeps this process's segments while it lives, so the next request may "
+        "well work. If it never recovers, shmlab.manager.client.reset() starts a fresh one."
     )
 
 
@@ -126,9 +126,10 @@ class ManagerClient:
         with self._lock:
             if self._sock is not None:
                 try:
-                    self._sock.sendall(line)
-                except OSError:
-                    self._close_locked()  # see Note [When the manager is gone]
+                    self._send_locked(line)
+                except OSError:  # gone (see Note [When the manager is gone]) or stuck: a
+                    self._close_locked()  # half-sent line cannot be taken back, so close;
+                    # the manager keeps our segments while this process lives (liveness.py)
 
     def status(self, max_names: int | None = None) -> dict:
         """The manager's STATUS: pid, clients, members, observers, grace_s, count and
@@ -173,8 +174,11 @@ class ManagerClient:
                                    "if that manager is gone, reset() starts a fresh one")
             deadline = time.monotonic() + REPLY_TIMEOUT_S
             try:
-                self._sock.settimeout(REPLY_TIMEOUT_S)
-                self._sock.sendall(line.encode() + b"\n")
+                self._send_locked(line.encode() + b"\n")
+            except OSError as exc:  # TimeoutError too: part of the line may be out, so the
+                self._close_locked()  # stream is no longer ours to use (see free())
+                raise _gone(self.handle, exc) from exc
+            try:
                 self._owed += 1  # ours, until it has come (see Note [A slow reply ...])
                 while True:
                     reply = self._readline(deadline)
@@ -186,6 +190,10 @@ class ManagerClient:
             except OSError as exc:  # end of file or reset: the manager is gone
                 self._close_locked()
                 raise _gone(self.handle, exc) from exc
+
+    def _send_locked(self, data: bytes) -> None:
+        self._sock.settimeout(REPLY_TIMEOUT_S)  # a full socket buffer must not hang us
+        self._sock.sendall(data)
 
     def _readline(self, deadline: float) -> str:
         while b"\n" not in self._buf:
