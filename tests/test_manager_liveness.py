@@ -25,7 +25,7 @@ LIBS = ("torch", "shmlab")
 # 50 ms) until an allocation fails, as a producer that gives up would; then waits, and on
 # request allocates once more and reads its first tensor back.
 HOLDER = r'''
-import os, sys, time
+import os, select, sys, time
 lib, mode = sys.argv[1], sys.argv[2]
 if lib == "torch":
     import torch, torch.multiprocessing as mp
@@ -38,7 +38,19 @@ def alloc(value):
     held.append(t)
     return t.untyped_storage()._share_filename_cpu_()[1].decode().lstrip("/")
 print(" ".join(alloc(i + 1) for i in range(3)), flush=True)
-if mode == "drop":  # hang up on the manager without a word: our socket becomes /dev/null
+if mode == "churn":  # keep the newest 20, allocate and drop 20 a second; count the lost
+    allocs = failed = lost = 0
+    while not select.select([sys.stdin], [], [], 0)[0]:
+        try:
+            alloc(1); allocs += 1
+        except Exception:
+            failed += 1
+        del held[3:-20]
+        lost += sum(not os.path.exists("/dev/shm/" + t.untyped_storage()._share_filename_cpu_()
+                                       [1].decode().lstrip("/")) for t in held)
+        time.sleep(0.05)
+    print("churn", allocs, failed, lost, flush=True)
+elif mode == "drop":  # hang up on the manager without a word: our socket becomes /dev/null
     null = os.open(os.devnull, os.O_RDWR)
     for fd in os.listdir("/proc/self/fd"):
         try:
@@ -128,6 +140,29 @@ def test_a_stalled_manager_keeps_every_live_segment(holders, lib):
     assert live == 3
     assert after == "ok [1.0, 2.0, 3.0]"  # allocations work again, the data is intact
     h.say()  # exits; its manager reclaims after the grace (the leak checker waits)
+    h.proc.wait(30)
+
+
+@pytest.mark.timeout(120)
+def test_random_stalls_never_unlink_a_live_segment(holders):
+    """Four stalls of 0.5-3 s at random moments (shmlab.manager.faults.stall_later, as the
+    stress tool injects them) while a member allocates 20 tensors a second and keeps the
+    newest 20: every allocation in a stall may fail after 1 s, none may lose a segment."""
+    import random
+
+    rng = random.Random(15)
+    h = holders("shmlab", "churn")
+    stalls = []
+    for _ in range(4):
+        stalls.append(faults.stall_later(h.manager, rng, 0.5, 3.0, within=1.0))
+        stalls[-1].join(10)
+    time.sleep(2.0 + 1.0)  # past the grace period after the last SIGCONT
+    _, allocs, failed, lost = h.say().split()
+    print(f"stalls {[round(t.stall_s, 2) for t in stalls]} s: {allocs} allocations, "
+          f"{failed} timed out, {lost} live segments lost")
+    assert int(lost) == 0 and int(allocs) > 20
+    assert faults.alive(h.names) == 3
+    h.say()
     h.proc.wait(30)
 
 

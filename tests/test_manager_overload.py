@@ -128,6 +128,9 @@ def test_400_silent_observers_are_capped_and_dropped_quietly(daemon):
         last = faults.readline(silent[-1], bytearray())
         assert last == b"ERR too many observers (64)" and hung_up(silent[-1])
         sock, names = faults.fill(d.path, 3000)  # 3,000 registered events, ~400 KB each
+        slow = [e for e in d.log() if "observer not reading" in (e["reason"] or "")]
+        assert len(slow) == 63  # every silent one was dropped (logged, not broadcast) ...
+        assert mc.peek_status(d.path.encode())["observers"] == 1  # ... and our reader stays
         leave(sock)
         rc, err = d.wait(30)
         follow.join(10)
