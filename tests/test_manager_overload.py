@@ -248,3 +248,30 @@ def test_a_status_storm_and_a_pipelining_peer_cannot_starve_register(daemon):
     assert max(latency) < 0.5, latency
     leave(sock)
     assert d.wait(30) == (0, "")
+
+
+@pytest.mark.timeout(120)
+def test_the_stress_faults_start_and_stop_cleanly_and_free_nothing_live(daemon):
+    """The API the stress tool calls: faults.start(kind, handle, pid, rng) ... .stop()."""
+    import random
+
+    d = daemon()
+    sock, names = faults.fill(d.path, 3)  # the family: three live segments
+    pid = mc.peek_status(d.path.encode())["pid"]
+    records = []
+    try:
+        for kind in faults.KINDS:
+            fault = faults.start(kind, d.path, pid, random.Random(kind))
+            time.sleep(0.2)
+            records.append(fault.stop())
+            assert "error" not in records[-1]
+        time.sleep(float(GRACE) + 0.5)
+        assert faults.alive(names) == 3
+        print(records)
+        assert records[2]["pages"] == 20 and records[2]["own_names_unlinked"] == records[2]["names"]
+        assert mc.peek_status(d.path.encode())["count"] == 3  # our FREEs shrank it back
+        leave(sock)
+        assert d.wait(30) == (0, "") and faults.alive(names) == 0
+    finally:
+        sock.close()
+        faults.unlink_all(names)

@@ -16,11 +16,16 @@ without a timeout, and everything opened is closed by the caller through the ret
     free_flood(handle, nbytes)           nbytes of bad "FREE" lines, replies never read
     status_storm(handle, threads, s)     threads asking STATUS back to back for s seconds
     register_latency(handle, n)          n REGISTER round trips (seconds each) on a fresh conn
+
+For the stress tool, `start(kind, handle, pid, rng)` begins one fault of KINDS against a live
+family's manager in the background and returns a `Fault`; `fault.stop()` ends it, cleans up
+everything it made and returns a record (what it did) to put beside the trial's figures.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import random
 import secrets
@@ -30,6 +35,9 @@ import threading
 import time
 
 from .._shm import PREFIX, SHM_DIR
+
+KINDS = ("stall", "observers", "big_status")
+_made = itertools.count()  # makes every name of ours unique, whatever the random part says
 
 TIMEOUT_S = 10.0  # no fault function waits on the manager longer than this per reply
 
@@ -113,7 +121,7 @@ def flood_observers(handle: bytes | str, n: int) -> list[socket.socket]:
 
 def make_segment(tag: str = "fault") -> str:
     """A real 64-byte /dev/shm file with a shmlab name; the caller unlinks it (`unlink_all`)."""
-    name = f"{PREFIX}_{os.getpid()}_{tag}{secrets.randbelow(10**9)}_0"
+    name = f"{PREFIX}_{os.getpid()}_{tag}{secrets.randbelow(10**9)}_{next(_made)}"
     fd = os.open(os.path.join(SHM_DIR, name), os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
     try:
         os.write(fd, bytes(64))
@@ -231,3 +239,62 @@ def register_latency(handle: bytes | str, n: int = 20, timeout: float = 1.0) -> 
         with contextlib.suppress(OSError):
             sock.sendall(b"BYE\n")
     return out
+
+
+# -- one fault in the background, for the stress tool -------------------------------------------
+class Fault:
+    """A fault running against one manager; stop() ends it and says what it did."""
+
+    def __init__(self, kind: str, handle: bytes | str, pid: int, rng: random.Random):
+        self.kind, self.record = kind, {"fault": kind}
+        self._socks: list[socket.socket] = []
+        self._names: list[str] = []
+        self._thread: threading.Thread | None = None
+        if kind == "stall":  # SIGSTOP 0.5-3 s, starting within the next 0.5 s
+            self._thread = stall_later(pid, rng, 0.5, 3.0, within=0.5)
+            self.record.update(at_s=round(self._thread.at_s, 3),
+                               stall_s=round(self._thread.stall_s, 3))
+        elif kind == "observers":  # 100-400 WATCH connections that never read
+            self._socks = flood_observers(handle, rng.randint(100, 400))
+            self.record["observers"] = len(self._socks)
+        elif kind == "big_status":  # 4,000-9,000 extra names, then 20 unread 1000-name pages
+            n = rng.randint(4000, 9000)
+            self._thread = threading.Thread(target=self._big_status, args=(handle, n),
+                                            daemon=True)
+            self._thread.start()
+            self.record["names"] = n
+        else:
+            raise ValueError(f"unknown fault {kind!r}: one of {KINDS}")
+
+    def _big_status(self, handle, n: int) -> None:
+        try:
+            sock, names = fill(handle, n)
+        except (OSError, RuntimeError) as exc:
+            self.record["error"] = repr(exc)
+            return
+        self._socks.append(sock)
+        self._names.extend(names)
+        with contextlib.suppress(OSError):
+            sock.sendall(b"STATUS 0 1000\n" * 20)
+
+    def stop(self, timeout: float = 10.0) -> dict:
+        """End the fault (SIGCONT is guaranteed by stall()), say BYE, unlink what we made."""
+        if self._thread is not None:
+            self._thread.join(timeout)
+        if self.kind == "big_status" and self._socks:  # take our answers, or the manager
+            with contextlib.suppress(OSError, ValueError):  # sees a hang-up, not a BYE
+                buf = bytearray()
+                self.record["pages"] = sum(readline(self._socks[0], buf).startswith(b"{")
+                                           for _ in range(20))
+        self.record["own_names_unlinked"] = unlink_all(self._names)  # ours, not the family's
+        for sock in self._socks:
+            with contextlib.suppress(OSError):  # FREE what is gone, so the registry shrinks;
+                sock.sendall(b"".join(f"FREE {os.getpid()} {n}\n".encode() for n in self._names)
+                             + b"BYE\n")  # BYE is harmless on an observer
+        close_all(self._socks)
+        return self.record
+
+
+def start(kind: str, handle: bytes | str, pid: int, rng: random.Random) -> Fault:
+    """Begin one fault of KINDS against the manager at `handle` (daemon pid `pid`)."""
+    return Fault(kind, handle, pid, rng)

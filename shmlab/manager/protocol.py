@@ -86,7 +86,7 @@ def parse_options(argv: list[str]) -> argparse.Namespace:
                      description="The shm manager daemon (see shmlab/manager/daemon.py).")
     parser.add_argument("--grace", type=float,
                         default=os.environ.get("SHMLAB_MANAGER_GRACE", DEFAULT_GRACE_S),
-                        help="seconds to wait after the last client leaves "
+                        help="seconds to wait after the last member leaves (says BYE or dies) "
                              "(default: $SHMLAB_MANAGER_GRACE or 2)")
     parser.add_argument("--max-clients", type=int, default=DEFAULT_MAX_CLIENTS,
                         help="connections served at once; more are refused (default 1024)")
