@@ -66,6 +66,7 @@ class Requests:
             else:
                 self.set_kind(conn, "observer")
         else:
+            conn.said_bye = False  # registering again after a BYE: back as a member
             if conn.kind == "new":
                 self.set_kind(conn, "client")
                 self.members.joined(conn.pid)
