@@ -214,12 +214,14 @@ def watch(handle: bytes, timeout: float | None = None) -> Iterator[dict]:
 
     An observer never keeps the manager alive. We send STATUS right after WATCH and wait for
     its answer, so when this returns no later event can be missed. `timeout` bounds each wait
-    for an event (TimeoutError), so a widget or a test cannot hang on a quiet manager.
+    for an event (TimeoutError), so a widget or a test cannot hang on a quiet manager. The
+    stream ends after the "exiting" event; one that ends without it means the manager died,
+    or dropped us for falling 256 KiB behind (conns.py): watch() again to resubscribe.
     """
     sock = _connect(handle)
     reader = sock.makefile("rb")  # the fd really closes once both reader and sock are closed
     try:
-        sock.sendall(b"WATCH\nSTATUS\n")
+        sock.sendall(b"WATCH\nSTATUS 0 0\n")  # the answer only marks "subscribed": no names
         early = []  # events that raced ahead of the STATUS answer
         for line in reader:
             if not line.startswith(b"{"):  # e.g. "ERR too many observers (64)"
@@ -229,11 +231,13 @@ def watch(handle: bytes, timeout: float | None = None) -> Iterator[dict]:
                 break  # the STATUS answer: we are subscribed
             early.append(message)
         sock.settimeout(timeout)
-    except (OSError, ManagerError) as exc:
+    except ManagerError:
         reader.close()
         sock.close()
-        if isinstance(exc, ManagerError):
-            raise
+        raise
+    except OSError as exc:
+        reader.close()
+        sock.close()
         raise _gone(handle, exc) from exc
     return _follow(sock, reader, early)
 
