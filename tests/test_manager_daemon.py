@@ -58,7 +58,14 @@ class Line:
         self.send(line + "\n")
         return self.readline()
 
-    def close(self) -> None:
+    def close(self, bye: bool = True) -> None:
+        """Leave: say BYE first (as ManagerClient.close() does), or just hang up (bye=False),
+        which the manager treats as "maybe still alive" while this process lives."""
+        if bye:
+            try:
+                self.sock.sendall(b"BYE\n")
+            except OSError:
+                pass  # the manager already closed us
         self.sock.close()
 
 
@@ -205,8 +212,8 @@ def test_killed_client_segment_is_reclaimed_and_watcher_sees_it_without_keeping_
     client.wait()
     client.stdout.close()
     seen = [(e["event"], e["name"]) for e in events]  # ends when the manager exits
-    assert seen == [("joined", None), ("registered", name), ("left", None),
-                    ("reclaimed", name), ("exiting", None)]
+    assert seen == [("joined", None), ("registered", name), ("left", None), ("exited", None),
+                    ("reclaimed", name), ("exiting", None)]  # left without BYE: kept till dead
     assert not exists(name)
     assert d.wait() == 0 and not os.path.exists(d.dir)
 
@@ -319,7 +326,7 @@ def test_hostile_input_is_refused_and_foreign_files_are_never_unlinked(daemon, s
         assert owner.ask(f"REGISTER {os.getpid()} {trap}") == "OK"  # valid name: accepted
         half = Line(d.path)
         half.send("REGISTER 12 shml")  # half a message, then gone
-        half.close()
+        half.close(bye=False)
         for payload in [b"A" * 10_000, b"STATUS " + b"x" * 5000 + b"\n"]:
             huge = Line(d.path)
             huge.send(payload)

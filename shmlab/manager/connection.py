@@ -9,16 +9,16 @@ manager a process talks to, and starting one, is `client.py`'s business.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
-import stat
-import struct
 import threading
 import time
 from collections.abc import Iterator
 
-from .protocol import DAEMON_MODULE, parse_name
+from .peer import ManagerError, NotAManagerError, check_path, check_peer
+from .protocol import MAX_STATUS_PAGE, STATUS_PAGE, parse_name
 
 REPLY_TIMEOUT_S = 1.0  # torch's ClientSocket waits 1000 ms for the manager's "OK"
 CONNECT_TIMEOUT_S = 5.0  # how long a full listen queue may keep us waiting
@@ -34,9 +34,17 @@ CONNECT_TIMEOUT_S = 5.0  # how long a full listen queue may keep us waiting
 #     old one held will not be reclaimed: remove /dev/shm/shmlab_* of dead processes by hand).
 # A restart would hide exactly the fact the lab teaches: the leak cleaner is no longer watching.
 
-
-class ManagerError(RuntimeError):
-    """The manager could not be started, reached, or refused a request."""
+# Note [A slow reply is not "I left"]
+# A request that gets no answer within REPLY_TIMEOUT_S raises ManagerError, as torch's does,
+# but the connection stays open: closing it would tell the manager "this process left", and
+# with the family's only client gone a stalled manager (SIGSTOP 2.2 s) would wake up, start
+# its grace period and unlink segments that are still in use. Replies come back in the order
+# of the requests (one line per REGISTER or STATUS, none for FREE or BYE), so we count the
+# answers we stopped waiting for (`_owed`) and skip that many lines before reading the next
+# answer: a late "OK" is never taken for the answer to a later request. torch keeps the fd
+# too, but reads its late "OK" as the next answer (every answer is "OK", so it gets away with
+# it). Only end of file or a reset closes the connection here; close() says BYE first, so
+# the manager knows the difference between "left" and "dropped" (see liveness.py).
 
 
 def _gone(handle: bytes, why: object) -> ManagerError:
@@ -49,52 +57,13 @@ def _gone(handle: bytes, why: object) -> ManagerError:
     )
 
 
-class NotAManagerError(ManagerError):
-    """The handle does not lead to a shmlab manager: nothing was sent over it."""
-
-
-def _not_a_manager(handle: bytes, why: object) -> NotAManagerError:
-    return NotAManagerError(
-        f"{handle.decode(errors='replace')!r} is not a shmlab manager's socket ({why}), so "
-        "nothing was sent to it: the manager handle in this message was forged or corrupted, "
-        "or its path now belongs to something else. Check what the sender pickled, or use "
-        "the 'file_descriptor' strategy, which needs no manager."
+def _slow(handle: bytes, line: str, why: object) -> ManagerError:
+    return ManagerError(
+        f"the shmlab manager at {handle.decode(errors='replace')} is not answering "
+        f"{line.split()[0]} ({why}); it is stuck or very busy. The connection stays open and "
+        "the manager keeps this process's segments while it lives, so the next request may "
+        "well work. If it never recovers, shmlab.manager.client.reset() starts a fresh one."
     )
-
-
-# Note [Checking a handle before talking to it]
-# A handle arrives inside a pickle, and REGISTER lines name our pid and our segments: they must
-# reach a shmlab manager of our own user and nothing else. Before connecting, the path must be a
-# socket owned by our uid; after connecting, SO_PEERCRED names the process listening there, which
-# must have our uid and run `python -m shmlab.manager` (the daemon checks our uid the same way).
-# A path that does not exist is let through to connect(), whose error says the manager is gone.
-def _check_path(handle: bytes) -> None:
-    try:
-        st = os.lstat(handle)
-    except FileNotFoundError:
-        return
-    except (OSError, ValueError) as exc:  # ValueError: an embedded NUL byte
-        raise _not_a_manager(handle, exc) from exc
-    if not stat.S_ISSOCK(st.st_mode):
-        raise _not_a_manager(handle, "not a socket")
-    if st.st_uid != os.geteuid():
-        raise _not_a_manager(handle, f"owned by uid {st.st_uid}, not by us ({os.geteuid()})")
-
-
-def _check_peer(sock: socket.socket, handle: bytes) -> None:
-    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    pid, uid, _ = struct.unpack("3i", creds)
-    if uid != os.geteuid():
-        raise _not_a_manager(handle, f"the process listening there runs as uid {uid}")
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            argv = f.read().decode(errors="replace").split("\0")
-    except OSError:  # pid 0 (another pid namespace) or already gone
-        argv = []
-    script = DAEMON_MODULE.replace(".", "/") + "/__main__.py"
-    if not any(a == DAEMON_MODULE or a.endswith(script) for a in argv):
-        raise _not_a_manager(handle, f"the process listening there, pid {pid}, is not "
-                                     f"`python -m {DAEMON_MODULE}`")
 
 
 def _bare(name: str | bytes) -> str:
@@ -109,14 +78,14 @@ def _bare(name: str | bytes) -> str:
 def _connect(handle: bytes) -> socket.socket:
     # A UNIX socket whose listen queue is full answers EAGAIN at once instead of waiting
     # (a burst of processes connecting together): try again for a while before giving up.
-    _check_path(handle)  # see Note [Checking a handle before talking to it]
+    check_path(handle)  # see Note [Checking a handle before talking to it]
     deadline = time.monotonic() + CONNECT_TIMEOUT_S
     while True:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(REPLY_TIMEOUT_S)
         try:
             sock.connect(handle)  # bytes: a forged handle need not be valid UTF-8
-            _check_peer(sock, handle)
+            check_peer(sock, handle)
             return sock
         except BlockingIOError as exc:
             sock.close()
@@ -140,6 +109,7 @@ class ManagerClient:
         self.handle = handle
         self._lock = threading.Lock()
         self._buf = b""
+        self._owed = 0  # replies to requests that timed out, still to come: skip them
         self._sock: socket.socket | None = _connect(handle)
 
     @property
@@ -158,27 +128,45 @@ class ManagerClient:
         with self._lock:
             if self._sock is not None:
                 try:
-                    self._sock.sendall(line)
-                except OSError:
-                    self._close_locked()  # see Note [When the manager is gone]
+                    self._send_locked(line)
+                except OSError:  # gone (see Note [When the manager is gone]) or stuck: a
+                    self._close_locked()  # half-sent line cannot be taken back, so close;
+                    # the manager keeps our segments while this process lives (liveness.py)
 
-    def status(self) -> dict:
-        """The manager's STATUS: pid, clients, observers, segments, grace_s."""
-        return json.loads(self._request("STATUS"))
+    def status(self, max_names: int | None = None) -> dict:
+        """The manager's STATUS: pid, clients, members, observers, grace_s, count and
+        segments: every registered name, sorted (or the first `max_names`), fetched a page
+        at a time so no single answer is large (not atomic across pages)."""
+        names: set[str] = set()
+        offset = 0
+        while True:
+            want = MAX_STATUS_PAGE if max_names is None else min(MAX_STATUS_PAGE,
+                                                                 max_names - len(names))
+            page = json.loads(self._request(f"STATUS {offset} {max(want, 0)}"))
+            names.update(page["segments"])
+            offset = page["next"]
+            if offset is None or (max_names is not None and len(names) >= max_names):
+                break
+        page["segments"] = sorted(names)
+        return page
 
     def watch(self, timeout: float | None = None) -> Iterator[dict]:
         """Events from this client's manager, on a separate observer connection."""
         return watch(self.handle, timeout)
 
     def close(self) -> None:
-        """Close the connection (safe twice). The manager counts us as gone."""
+        """Say BYE and close the connection (safe twice): this process has left."""
         with self._lock:
+            if self._sock is not None:
+                with contextlib.suppress(OSError):  # best effort: never block, never raise
+                    self._sock.setblocking(False)
+                    self._sock.send(b"BYE\n")
             self._close_locked()
 
     def _close_locked(self) -> None:
         if self._sock is not None:
             self._sock.close()
-            self._sock, self._buf = None, b""
+            self._sock, self._buf, self._owed = None, b"", 0
 
     def _request(self, line: str) -> str:
         with self._lock:
@@ -186,19 +174,34 @@ class ManagerClient:
                 raise ManagerError("this ManagerClient is closed (by close(), or after its "
                                    "manager stopped answering): get_client(handle) reconnects; "
                                    "if that manager is gone, reset() starts a fresh one")
+            deadline = time.monotonic() + REPLY_TIMEOUT_S
             try:
-                self._sock.sendall(line.encode() + b"\n")
-                return self._readline(REPLY_TIMEOUT_S)
-            except OSError as exc:  # includes TimeoutError; a late reply would desync us
+                self._send_locked(line.encode() + b"\n")
+            except OSError as exc:  # TimeoutError too: part of the line may be out, so the
+                self._close_locked()  # stream is no longer ours to use (see free())
+                raise _gone(self.handle, exc) from exc
+            try:
+                self._owed += 1  # ours, until it has come (see Note [A slow reply ...])
+                while True:
+                    reply = self._readline(deadline)
+                    self._owed -= 1
+                    if self._owed == 0:
+                        return reply
+            except TimeoutError as exc:  # stalled or busy, not gone: stay connected
+                raise _slow(self.handle, line, exc) from exc
+            except OSError as exc:  # end of file or reset: the manager is gone
                 self._close_locked()
                 raise _gone(self.handle, exc) from exc
 
-    def _readline(self, timeout: float) -> str:
-        deadline = time.monotonic() + timeout
+    def _send_locked(self, data: bytes) -> None:
+        self._sock.settimeout(REPLY_TIMEOUT_S)  # a full socket buffer must not hang us
+        self._sock.sendall(data)
+
+    def _readline(self, deadline: float) -> str:
         while b"\n" not in self._buf:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise TimeoutError(f"no reply within {timeout} s")
+                raise TimeoutError(f"no reply within {REPLY_TIMEOUT_S} s")
             self._sock.settimeout(left)
             chunk = self._sock.recv(4096)
             if not chunk:
@@ -213,19 +216,27 @@ def watch(handle: bytes, timeout: float | None = None) -> Iterator[dict]:
 
     An observer never keeps the manager alive. We send STATUS right after WATCH and wait for
     its answer, so when this returns no later event can be missed. `timeout` bounds each wait
-    for an event (TimeoutError), so a widget or a test cannot hang on a quiet manager.
+    for an event (TimeoutError), so a widget or a test cannot hang on a quiet manager. The
+    stream ends after the "exiting" event; one that ends without it means the manager died,
+    or dropped us for falling 256 KiB behind (conns.py): watch() again to resubscribe.
     """
     sock = _connect(handle)
     reader = sock.makefile("rb")  # the fd really closes once both reader and sock are closed
     try:
-        sock.sendall(b"WATCH\nSTATUS\n")
+        sock.sendall(b"WATCH\nSTATUS 0 0\n")  # the answer only marks "subscribed": no names
         early = []  # events that raced ahead of the STATUS answer
         for line in reader:
+            if not line.startswith(b"{"):  # e.g. "ERR too many observers (64)"
+                raise ManagerError(f"the manager refused WATCH: {line.decode(errors='replace')!r}")
             message = json.loads(line)
             if "event" not in message:
                 break  # the STATUS answer: we are subscribed
             early.append(message)
         sock.settimeout(timeout)
+    except ManagerError:
+        reader.close()
+        sock.close()
+        raise
     except OSError as exc:
         reader.close()
         sock.close()
@@ -243,12 +254,14 @@ def _follow(sock: socket.socket, reader, early: list[dict]) -> Iterator[dict]:
         sock.close()
 
 
-def peek_status(handle: bytes) -> dict:
+def peek_status(handle: bytes, max_names: int = STATUS_PAGE) -> dict:
     """STATUS on a fresh connection that is closed at once: for probes and widgets, which
-    must not keep a manager alive (see Note [Who keeps the manager alive] in daemon.py)."""
+    must not keep a manager alive (see Note [Who keeps the manager alive] in daemon.py).
+    One page: "count" says how many names there are, "segments" holds the first
+    `max_names` of them (at most MAX_STATUS_PAGE); ManagerClient.status() pages through all."""
     sock = _connect(handle)
     try:
-        sock.sendall(b"STATUS\n")
+        sock.sendall(f"STATUS 0 {max(0, min(max_names, MAX_STATUS_PAGE))}\n".encode())
         with sock.makefile("rb") as reader:
             line = reader.readline()
     except OSError as exc:

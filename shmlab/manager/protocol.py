@@ -23,6 +23,10 @@ DAEMON_MODULE = "shmlab.manager"
 MAX_LINE = 4096  # bytes; a longer line is refused and its sender dropped
 DEFAULT_GRACE_S = 2.0  # torch: SHUTDOWN_TIMEOUT = 2000 ms
 DEFAULT_MAX_CLIENTS = 1024
+DEFAULT_MAX_OBSERVERS = 64  # WATCH connections at once; each costs a queue of events
+DEFAULT_LOG_BYTES = 4 << 20  # events.jsonl rotates to events.jsonl.1 past this size
+STATUS_PAGE = 100  # names in a STATUS answer unless the caller asks for fewer or more ...
+MAX_STATUS_PAGE = 1000  # ... but never more than this: an answer stays ~40 KB at most
 # Our own names only: no "/" and no "." at all, so "..", "/etc/passwd" and "torch_*" never match.
 # POSIX shm names start with one "/" (shm_open's convention); we accept it and drop it. This is
 # looser than _shm.name_pattern() on purpose: it decides what is safe to unlink as ours, not
@@ -38,10 +42,11 @@ def parse_name(raw: str) -> str:
     return match.group(1)
 
 
-def parse_request(line: bytes) -> tuple[str, int | None, str | None]:
+def parse_request(line: bytes) -> tuple[str, int | None, str | tuple[int, int] | None]:
     """b"REGISTER 12 shmlab_12_7_0" -> ("REGISTER", 12, "shmlab_12_7_0"); ValueError if bad.
 
-    STATUS and WATCH take no arguments: ("STATUS", None, None).
+    b"STATUS [offset [limit]]" -> ("STATUS", None, (offset, limit)), limit clipped to
+    MAX_STATUS_PAGE; WATCH and BYE take no arguments: ("WATCH", None, None).
     """
     parts = line.decode("ascii", "replace").split()  # undecodable bytes cannot match below
     cmd = parts[0] if parts else ""
@@ -49,9 +54,14 @@ def parse_request(line: bytes) -> tuple[str, int | None, str | None]:
         if len(parts) != 3 or not parts[1].isdigit():
             raise ValueError(f"usage: {cmd} <pid> <name>")
         return cmd, int(parts[1]), parse_name(parts[2])
-    if cmd in ("STATUS", "WATCH") and len(parts) == 1:
+    if cmd == "STATUS" and len(parts) <= 3 and all(p.isdigit() for p in parts[1:]):
+        offset, limit = ([int(p) for p in parts[1:]] + [0, STATUS_PAGE])[:2]
+        return cmd, None, (offset, min(limit, MAX_STATUS_PAGE))
+    if cmd in ("WATCH", "BYE") and len(parts) == 1:
         return cmd, None, None
-    raise ValueError(f"unknown command {line[:40]!r} (REGISTER, FREE, STATUS or WATCH)")
+    if cmd == "STATUS":
+        raise ValueError("usage: STATUS [<offset> [<limit>]]")
+    raise ValueError(f"unknown command {line[:40]!r} (REGISTER, FREE, STATUS, WATCH or BYE)")
 
 
 def segment_exists(name: str) -> bool:
@@ -70,17 +80,27 @@ class _Parser(argparse.ArgumentParser):
 
 
 def parse_options(argv: list[str]) -> argparse.Namespace:
-    """The daemon's options: --grace (or $SHMLAB_MANAGER_GRACE) and --max-clients."""
+    """The daemon's options: --grace (or $SHMLAB_MANAGER_GRACE), --max-clients,
+    --max-observers and --log-bytes (or $SHMLAB_MANAGER_LOG_BYTES)."""
     parser = _Parser(prog=f"python -m {DAEMON_MODULE}",
                      description="The shm manager daemon (see shmlab/manager/daemon.py).")
     parser.add_argument("--grace", type=float,
                         default=os.environ.get("SHMLAB_MANAGER_GRACE", DEFAULT_GRACE_S),
-                        help="seconds to wait after the last client leaves "
+                        help="seconds to wait after the last member leaves (says BYE or dies) "
                              "(default: $SHMLAB_MANAGER_GRACE or 2)")
     parser.add_argument("--max-clients", type=int, default=DEFAULT_MAX_CLIENTS,
                         help="connections served at once; more are refused (default 1024)")
+    parser.add_argument("--max-observers", type=int, default=DEFAULT_MAX_OBSERVERS,
+                        help="WATCH connections at once; more are refused (default 64)")
+    parser.add_argument("--log-bytes", type=int,
+                        default=os.environ.get("SHMLAB_MANAGER_LOG_BYTES", DEFAULT_LOG_BYTES),
+                        help="events.jsonl rotates to events.jsonl.1 past this many bytes "
+                             "(default: $SHMLAB_MANAGER_LOG_BYTES or 4 MiB)")
     args = parser.parse_args(argv)
     if not args.grace >= 0 or not args.max_clients >= 1:  # `not >=` also rejects NaN
         raise ValueError("--grace (or SHMLAB_MANAGER_GRACE) must be a number of seconds >= 0 "
                          "and --max-clients >= 1")
+    if args.max_observers < 0 or args.log_bytes < 4096:
+        raise ValueError("--max-observers must be >= 0 and --log-bytes (or "
+                         "SHMLAB_MANAGER_LOG_BYTES) >= 4096")
     return args
