@@ -22,6 +22,7 @@ import time
 import psutil
 import pytest
 from support.families import LIBS
+from support.namespaces import run_unshared
 
 from shmlab._shm import read_refcount
 from shmlab.demo.holder import FAMILY
@@ -262,21 +263,7 @@ FULL_SHM = textwrap.dedent(r'''
 @pytest.mark.timeout(180)
 def test_full_dev_shm_raises_enospc_under_both_strategies_torch_too_stdlib_gets_sigbus(
         tmp_path):
-    if os.geteuid() != 0:
-        pytest.skip("needs root: a private mount namespace with a 1 MiB tmpfs on /dev/shm")
-    if shutil.which("unshare") is None:
-        pytest.skip("needs unshare (util-linux) for a private mount namespace")
-    log = tmp_path / "out"
-    with open(log, "w") as out, open(tmp_path / "err", "w") as err:  # no pipes: the managers
-        rc = subprocess.run(["unshare", "--mount", sys.executable, "-c", FULL_SHM],  # outlive it
-                            stdout=out, stderr=err, timeout=100).returncode
-    text = log.read_text()
-    if rc != 0 and not text:
-        pytest.skip(f"unshare --mount failed here: {(tmp_path / 'err').read_text()[-300:]}")
-    res = json.loads(text)
-    if "skip" in res:
-        pytest.skip(res["skip"])
-    print(json.dumps(res, indent=1))
+    rc, res = run_unshared(tmp_path, FULL_SHM, timeout=100)
     assert rc == 0  # no SIGBUS in the process that shared
     for strategy in STRATEGIES:
         kind, code, message = res[f"shmlab {strategy}"]["error"]

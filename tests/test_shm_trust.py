@@ -9,13 +9,11 @@ ENOSPC as a full disk. torch runs beside shmlab where it has the behaviour.
 from __future__ import annotations
 
 import errno
-import json
 import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
+from support.namespaces import run_unshared
 from test_shm_hardening import ROOT, run_child, unlink_quietly
 
 from shmlab import _shm
@@ -136,20 +134,8 @@ NO_INODES = r'''
 
 @pytest.mark.timeout(180)
 def test_no_inode_left_gets_the_helpful_enospc_message_torch_gets_the_bare_one(tmp_path):
-    if os.geteuid() != 0:
-        pytest.skip("needs root: a private mount namespace with a tiny tmpfs on /dev/shm")
-    log = tmp_path / "out"
-    with open(log, "w") as out, open(tmp_path / "err", "w") as err:  # no pipes: the managers
-        rc = subprocess.run(["unshare", "--mount", sys.executable, "-c",  # outlive the child
-                             textwrap.dedent(NO_INODES)], stdout=out, stderr=err, timeout=120,
-                            env=dict(os.environ, PYTHONPATH=ROOT)).returncode
-    text = log.read_text()
-    if rc != 0 and not text:
-        pytest.skip(f"unshare --mount failed here: {(tmp_path / 'err').read_text()[-300:]}")
-    res = json.loads(text)
-    if "skip" in res:
-        pytest.skip(res["skip"])
-    print(json.dumps(res, indent=1))
+    rc, res = run_unshared(tmp_path, textwrap.dedent(NO_INODES), timeout=120,
+                           env=dict(os.environ, PYTHONPATH=ROOT))
     assert rc == 0 and res["fillers"] > 0
     for strategy in ("file_descriptor", "file_system"):
         kind, code, message = res[f"shmlab {strategy}"]

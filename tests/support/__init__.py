@@ -5,5 +5,6 @@ leakcheck (plugin, autouse)  fail a test that leaves /dev/shm files, children or
 families (plugin)            LIBS, both(), the `families` fixture: torch and shmlab side by side
 managers (plugin)            the `segment` and `fresh_client` fixtures of the manager tests
 waiting                      wait_for(), stop()
+namespaces                   run_unshared(): a script as root in a private mount namespace
 nbutil                       find, execute and inspect notebooks
 """
