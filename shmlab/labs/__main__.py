@@ -1,4 +1,4 @@
-"""``python -m shmlab.labs release`` and ``python -m shmlab.labs grade NOTEBOOK...``."""
+"""``python -m shmlab.labs release | grade NOTEBOOK... | hash DIR``."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import os
 import sys
 
 from . import grade as grading
+from . import integrity
 from . import release as releasing
 
 
@@ -21,11 +22,23 @@ def main(argv=None) -> int:
     rel.add_argument("--check", action="store_true",
                      help="write nothing; exit 1 if a learner copy is out of date")
     gr = sub.add_parser("grade", help="grade learner notebooks against the instructor copies "
-                                      "shipped in shmlab/labs/source/")
+                                      "(each exercise in a fresh process; see grade.py's Note)")
     gr.add_argument("notebooks", nargs="+")
     gr.add_argument("--json", action="store_true", help="print the scores as JSON")
-    gr.add_argument("--timeout", type=int, default=120, help="seconds per cell (default 120)")
+    gr.add_argument("--timeout", type=float, default=120, help="seconds per cell (default 120)")
+    gr.add_argument("--notebook-timeout", type=float, default=900,
+                    help="seconds per notebook, all its exercises together (default 900)")
+    gr.add_argument("--source", default=str(releasing.SOURCE), metavar="DIR",
+                    help="the instructor copies to grade against, with their SHA256SUMS "
+                         "(default: the ones shipped in the package)")
+    hs = sub.add_parser("hash", help="record the hashes of the instructor copies in DIR "
+                                     "(after editing them on purpose)")
+    hs.add_argument("dir")
     args = parser.parse_args(argv)
+
+    if args.command == "hash":
+        print(f"wrote {integrity.write_sums(args.dir)}")
+        return 0
 
     if args.command == "release":
         if args.check:
@@ -38,7 +51,12 @@ def main(argv=None) -> int:
             print(f"wrote {path}")
         return 0
 
-    results = [grading.grade(p, timeout=args.timeout) for p in args.notebooks]
+    try:
+        results = grading.grade_batch(args.notebooks, args.source, args.timeout,
+                                      args.notebook_timeout)
+    except integrity.IntegrityError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     if args.json:
         json.dump([r.as_dict() for r in results], sys.stdout, indent=1)
         print()

@@ -6,6 +6,7 @@ import os
 import socket
 
 from .._shm import SHM_DIR
+from ..demo.libs import fd_count
 from .report import Cases, run_in_child
 
 
@@ -32,17 +33,27 @@ def check_fd_passing(send_fd, recv_fd, create_unlinked_segment):
         parent_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             ident = run_in_child(_send_segment, child_sock, send_fd, create_unlinked_segment)
+            before = fd_count()  # the child has sent and gone: only recv_fd opens fds now
             fd = recv_fd(parent_sock)
+            opened = fd_count() - before
         finally:
             parent_sock.close()
             child_sock.close()
+        if not isinstance(fd, int) or fd < 0:
+            c.check(False, f"recv_fd returns an fd number (got {fd!r})",
+                    "recv_fds returns (data, fds, flags, address): the fd is in the list")
+            return
         try:
             st = os.fstat(fd)
             c.check((st.st_ino, st.st_dev) == ident,
                     "the fd received names the child's segment (same inode and device)",
-                    "socket.send_fds(sock, [b'x'], [fd]) / socket.recv_fds(sock, 1, 1)")
+                    "which call puts an fd into a message's ancillary data, and which takes "
+                    "it out? (the socket module has both)")
             c.check(os.pread(fd, 5, 0) == b"hello", "the parent reads what the child wrote",
                     "the received fd is a new number for the same object")
+            c.check(opened == 1, f"receiving opened exactly one fd (opened {opened})",
+                    "every fd recv_fd holds but does not return is a leak: return the one "
+                    "you received, close any other (a dup, a second maxfds slot)")
         finally:
             os.close(fd)
 
