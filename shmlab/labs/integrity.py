@@ -8,7 +8,7 @@ Two questions, answered before a learner's line runs and again after:
   writes a source; ``changed_sources`` tells the batch that a notebook wrote one.
 * Is the check code the code the grader imported? ``fingerprint()`` records the identity of
   every function, code object, default-argument tuple and class method in the watched modules
-  (``shmlab.*``, the stdlib modules the checks use, ``torch`` and ``numpy``'s top level) and of
+  (``shmlab.*``, the stdlib modules the checks use, a few of ``torch``'s and ``numpy``'s) and of
   the modules themselves in ``sys.modules``. Patching ``Cases.check``, rebinding a lab module,
   swapping a builtin or a ``__code__`` changes an identity; ``differences`` lists which.
 """
@@ -26,8 +26,11 @@ SUMS = "SHA256SUMS"
 _STDLIB = ("builtins", "os", "posix", "posixpath", "socket", "_socket", "fcntl", "mmap", "time",
            "traceback", "contextlib", "selectors", "signal", "struct", "gc", "json", "io",
            "pickle", "copyreg", "_posixshmem", "threading", "multiprocessing",
-           "multiprocessing.reduction", "multiprocessing.connection", "multiprocessing.context",
-           "torch", "numpy")
+           "multiprocessing.reduction", "multiprocessing.connection", "multiprocessing.context")
+# Big libraries rewrap some of their own functions lazily (torch.manual_seed, on first use):
+# only the few names a check calls are watched there.
+_LIBRARY_NAMES = {"torch": ("equal", "allclose", "set_num_threads", "no_grad", "zeros"),
+                  "numpy": ("arange", "array_equal", "asarray")}
 
 
 class IntegrityError(RuntimeError):
@@ -97,11 +100,16 @@ def fingerprint() -> dict[tuple, int]:
     fp: dict[tuple, int] = {("sys.gettrace",): id(sys.gettrace()),
                             ("sys.getprofile",): id(sys.getprofile())}
     for modname, module in list(sys.modules.items()):
-        if not _watched(modname) or not isinstance(module, types.ModuleType):
+        if not isinstance(module, types.ModuleType):
             continue
-        fp[("sys.modules", modname)] = id(module)
-        for attr, value in list(vars(module).items()):
-            _record(fp, (modname, attr), value, own=modname.startswith("shmlab"))
+        if modname in _LIBRARY_NAMES:
+            fp[("sys.modules", modname)] = id(module)
+            for attr in _LIBRARY_NAMES[modname]:
+                _record(fp, (modname, attr), getattr(module, attr, None), own=False)
+        elif _watched(modname):
+            fp[("sys.modules", modname)] = id(module)
+            for attr, value in list(vars(module).items()):
+                _record(fp, (modname, attr), value, own=modname.startswith("shmlab"))
     return fp
 
 
