@@ -10,9 +10,15 @@ from ..demo.libs import fd_count
 from .report import Cases, run_in_child
 
 
-def check_unlinked_segment(create_unlinked_segment):
-    with Cases("Exercise 1: an unlinked shared-memory segment") as c:
-        fd = create_unlinked_segment(4096)
+def check_unlinked_segment(create_unlinked_segment, sizes=(4096,)):
+    """``sizes``: the sizes tried (the grader tries more, by the same rules)."""
+    for size in sizes:
+        _check_segment(create_unlinked_segment, size)
+
+
+def _check_segment(create_unlinked_segment, size):
+    with Cases(f"Exercise 1: an unlinked shared-memory segment of {size} bytes") as c:
+        fd = create_unlinked_segment(size)
         try:
             link = os.readlink(f"/proc/self/fd/{fd}")
             c.check(link.startswith(SHM_DIR + "/"), f"the fd points into /dev/shm ({link})",
@@ -20,7 +26,7 @@ def check_unlinked_segment(create_unlinked_segment):
             c.check(link.endswith("(deleted)"), "the name is already unlinked",
                     "call shm_unlink(name) right after creating: the fd is the only handle")
             st = os.fstat(fd)
-            c.check(st.st_size == 4096, f"the segment is 4096 bytes (got {st.st_size})",
+            c.check(st.st_size == size, f"the segment is {size} bytes (got {st.st_size})",
                     "size it with os.ftruncate (and os.posix_fallocate)")
             c.check(st.st_mode & 0o777 == 0o600, "mode 0600: only you can open it",
                     "pass mode 0o600 to shm_open")
@@ -90,3 +96,23 @@ def check_rebuild_cache(rebuild_storage_fd, create_unlinked_segment):
         c.check(d is not a, "a different segment (even under a reused fd number) is a new "
                 "storage", "fd numbers are reused as soon as they are closed: they cannot "
                 "name a segment; (st_ino, st_dev) can")
+        del a, b, d
+        _check_fd_per_storage(c, rebuild_storage_fd, create_unlinked_segment)
+
+
+def _check_fd_per_storage(c, rebuild_storage_fd, create_unlinked_segment):
+    """One fd per live storage (its own dup), gone when the storage is."""
+    import gc
+
+    before = fd_count()
+    seg = create_unlinked_segment(8)
+    s = rebuild_storage_fd(seg, 8, {})
+    os.close(seg)
+    held = fd_count() - before
+    c.check(held == 1, f"a live storage holds one fd of its own ({held})",
+            "the storage keeps a dup of the fd it was built from; do not open more")
+    del s
+    gc.collect()
+    left = fd_count() - before
+    c.check(left == 0, f"when the storage dies, its fd goes too ({left} left)",
+            "keep no fd of your own in the cache: the storage owns its fd")

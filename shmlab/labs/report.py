@@ -40,8 +40,7 @@ class Cases:
             self.check(False, "not implemented yet", "fill in the cell above (replace the "
                        "`raise NotImplementedError()` line) and run it, then run this cell again")
         elif exc_type is not None and not issubclass(exc_type, AssertionError):
-            last = traceback.format_exception_only(exc_type, exc)[-1].strip()
-            self.check(False, f"your code raised {last}", "read the error, fix the cell above")
+            self._raised(exc_type, exc, tb)
         leaked = _shm_files() - self._shm_before
         for name in sorted(leaked):  # clean up after the learner's code, and say so
             try:
@@ -57,6 +56,25 @@ class Cases:
             raise AssertionError(f"{self.title}: {len(self.failed)} case(s) failed: "
                                  + "; ".join(self.failed))
         return exc_type is None
+
+
+    def _raised(self, exc_type, exc, tb) -> None:
+        """Say who raised: the learner's code (with its traceback) or the check itself."""
+        from .integrity import is_learner_frame
+
+        last = traceback.format_exception_only(exc_type, exc)[-1].strip()
+        frames = traceback.extract_tb(tb)
+        mine = [i for i, f in enumerate(frames) if is_learner_frame(f.filename)]
+        if mine:
+            print("".join(traceback.format_list(frames[mine[0]:])) + "  " + last)
+            self.check(False, f"your code raised {last}",
+                       "the traceback above starts in your cell: fix it there")
+        else:
+            where = frames[-1] if frames else None
+            at = f" at {os.path.basename(where.filename)}:{where.lineno}" if where else ""
+            self.check(False, f"the check raised {last}{at}, after your code returned",
+                       "usually your function returned something the check could not use "
+                       "(an fd already closed, a name that is gone): look at what it returns")
 
 
 def _shm_files() -> set[str]:
