@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 import traceback
 
 from .._shm import SHM_DIR
@@ -23,7 +24,8 @@ class Cases:
 
     def __enter__(self) -> Cases:
         print(f"{self.title}")
-        self._shm_before = _shm_files()
+        self._family = _Family()
+        self._shm_before = _shm_files(self._family.pids)
         return self
 
     def check(self, ok: bool, what: str, hint: str = "") -> bool:
@@ -41,7 +43,8 @@ class Cases:
                        "`raise NotImplementedError()` line) and run it, then run this cell again")
         elif exc_type is not None and not issubclass(exc_type, AssertionError):
             self._raised(exc_type, exc, tb)
-        leaked = _shm_files() - self._shm_before
+        self._family.stop()
+        leaked = _shm_files(self._family.pids) - self._shm_before
         for name in sorted(leaked):  # clean up after the learner's code, and say so
             try:
                 os.unlink(os.path.join(SHM_DIR, name))
@@ -77,16 +80,48 @@ class Cases:
                        "(an fd already closed, a name that is gone): look at what it returns")
 
 
-def _shm_files() -> set[str]:
-    """Segments this process (or one of its children, now dead) made: ours to report and remove.
+def _shm_files(family: set[int]) -> set[str]:
+    """Segments this process or one of its children (now dead) made: ours to report and remove.
 
-    Names carry the creator's pid; a file whose creator is another live process belongs to
-    somebody else on this machine, and is never reported or removed. (psm_ names carry none.)
+    Names carry the creator's pid. On a shared machine a dead creator may be anybody's, so only
+    pids seen among our descendants while the check ran count; a file of another process is
+    never reported or removed. (psm_ names carry none.)
     """
     from ..introspect import shm_segments
 
-    return {s.name for s in shm_segments()
-            if s.creator_pid == os.getpid() or s.creator_alive is False}
+    return {s.name for s in shm_segments() if s.creator_pid == os.getpid()
+            or (s.creator_alive is False and s.creator_pid in family)}
+
+
+class _Family:
+    """The pids of this process's descendants, polled every 20 ms until ``stop()``.
+
+    A child that makes a segment and dies within 20 ms may be missed: its leak then goes
+    unreported (lenient), never blamed on somebody else (unjust).
+    """
+
+    def __init__(self):
+        import psutil
+
+        self.pids: set[int] = set()
+        self._me, self._done = psutil.Process(), threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True, name="cases-family")
+        self._thread.start()
+
+    def _poll(self) -> None:
+        import psutil
+
+        while True:
+            try:
+                self.pids.update(p.pid for p in self._me.children(recursive=True))
+            except psutil.Error:
+                pass
+            if self._done.wait(0.02):
+                return
+
+    def stop(self) -> None:
+        self._done.set()
+        self._thread.join()
 
 
 def run_in_child(fn, *args, timeout: float = 30.0):
