@@ -28,7 +28,7 @@ def _check_point(point_cls, reduce_point, rebuild_point, x, y):
                 "a reducer returns (rebuild_function, (arguments, ...)), like __reduce__")
         c.check(ForkingPickler._extra_reducers.get(point_cls) is reduce_point,
                 "reduce_point is registered with ForkingPickler",
-                "ForkingPickler.register(Point, reduce_point)")
+                "a reducer is used only once ForkingPickler knows it is the one for Point")
         data = bytes(ForkingPickler.dumps(p))
         c.check(b"rebuild_point" in data, "the pickle names rebuild_point: your reducer is "
                 "the one used", "a reducer that is not registered is never called")
@@ -66,8 +66,8 @@ def check_tensor_reducer(my_reduce_tensor, my_rebuild_tensor):
         seen = run_in_child(_rebuild_and_write, data)
         c.check(seen["meta"] == (2, (3,), (4,)),
                 f"the child gets offset 2, shape (3,), strides (4,): got {seen['meta']}",
-                "send storage_offset(), shape and stride(); rebuild shmlab.Tensor(storage, "
-                "offset, shape, strides, dtype)")
+                "the receiver needs all that places a view in its storage: where it starts, "
+                "its shape, and its step along each dimension")
         c.check(seen["values"] == [2.0, 6.0, 10.0], "the child reads the column's values")
         c.check(base.numpy()[0, 2] == 100.0, "the child's write is seen by the parent",
                 "the rebuilt tensor must be a view of the received storage, not a copy")
@@ -75,7 +75,7 @@ def check_tensor_reducer(my_reduce_tensor, my_rebuild_tensor):
         fn, args = my_reduce_tensor(rows)
         offset = fn(*args).storage_offset()
         c.check(offset == 3, f"a row slice keeps its offset (3, got {offset})",
-                "the offset is part of what the receiver needs: send storage_offset()")
+                "a view may start anywhere in its storage: does the receiver know where?")
 
 
 def _rebuild_and_write(data: bytes):

@@ -29,7 +29,7 @@ def _check_segment(create_unlinked_segment, size):
             c.check(st.st_size == size, f"the segment is {size} bytes (got {st.st_size})",
                     "size it with os.ftruncate (and os.posix_fallocate)")
             c.check(st.st_mode & 0o777 == 0o600, "mode 0600: only you can open it",
-                    "pass mode 0o600 to shm_open")
+                    "the mode you create it with decides who else may open it")
         finally:
             os.close(fd)
 

@@ -75,8 +75,8 @@ def check_concurrent_updates(incref, decref):
         c.check(_count(name) == 1 + 2 * n,
                 f"two processes x {n} increments at once: {1 + 2 * n} expected, "
                 f"got {_count(name)}",
-                "two read-modify-writes interleaved and one update was lost: hold "
-                "fcntl.flock(fd, fcntl.LOCK_EX) around the read and the write")
+                "two read-modify-writes interleaved and one update was lost: what keeps "
+                "another process out between your read and your write?")
         for _ in range(2 * n):
             decref(name)
         c.check(_count(name) == 1, "decref brings it back to 1")

@@ -121,7 +121,8 @@ def check_identity(storage_identity):
         mine = [storage_identity(p) for p in model.parameters()]
         c.check(all(isinstance(i, tuple) and len(i) == 2 for i in mine),
                 "storage_identity returns a (st_ino, st_dev) pair per parameter",
-                "fd, _ = p.untyped_storage()._share_fd_cpu_(); st = os.fstat(fd)")
+                "a shared parameter's storage has an fd (its sharing handle); what names the "
+                "object behind an fd?")
         ctx = mp.get_context("fork")
         inq = ctx.Queue()
         child = start_child(_identities_from, storage_identity, inq)
