@@ -1,4 +1,5 @@
-"""``python -m shmlab.labs release | grade NOTEBOOK... | hash DIR``."""
+"""``python -m shmlab.labs release [--student DIR] | grade NOTEBOOK... | hash DIR |
+nbgrader-course DIR``."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ import json
 import os
 import sys
 
+from . import export, integrity
 from . import grade as grading
-from . import integrity
 from . import release as releasing
 
 
@@ -21,6 +22,12 @@ def main(argv=None) -> int:
                      help="where the learner copies go (default: labs/ of this directory)")
     rel.add_argument("--check", action="store_true",
                      help="write nothing; exit 1 if a learner copy is out of date")
+    rel.add_argument("--student", metavar="DIR",
+                     help="write a student bundle into DIR: the learner copies and a README, "
+                          "no instructor copy, hash list or solution")
+    nbg = sub.add_parser("nbgrader-course", help="lay out DIR/source/<lab>/<lab>.ipynb and "
+                                                 "nbgrader_config.py for nbgrader")
+    nbg.add_argument("dir")
     gr = sub.add_parser("grade", help="grade learner notebooks against the instructor copies "
                                       "(each exercise in a fresh process; see grade.py's Note)")
     gr.add_argument("notebooks", nargs="+")
@@ -40,6 +47,14 @@ def main(argv=None) -> int:
         print(f"wrote {integrity.write_sums(args.dir)}")
         return 0
 
+    if args.command == "nbgrader-course":
+        for path in export.nbgrader_course(args.dir):
+            print(f"wrote {path}")
+        return 0
+    if args.command == "release" and args.student:
+        for path in export.student_bundle(args.student):
+            print(f"wrote {path}")
+        return 0
     if args.command == "release":
         if args.check:
             stale = releasing.out_of_date(out_dir=args.out)
