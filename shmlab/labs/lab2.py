@@ -6,8 +6,7 @@ import os
 import socket
 
 from .._shm import SHM_DIR
-from ..demo.libs import fd_count
-from .report import Cases, run_in_child
+from .report import Cases, fd_count, run_in_child
 
 
 def check_unlinked_segment(create_unlinked_segment, sizes=(4096,)):

@@ -9,8 +9,7 @@ import os
 
 from .. import _shm
 from .._shm import SHM_DIR
-from ..demo.libs import fd_count
-from .report import Cases, run_in_child
+from .report import Cases, fd_count, run_in_child
 
 
 def _count(name: str):

@@ -80,6 +80,21 @@ class Cases:
                        "(an fd already closed, a name that is gone): look at what it returns")
 
 
+def fd_count() -> int:
+    """Open fds of this process, less the /proc files a poller (``_Family``) holds for a moment.
+
+    Checks compare two counts around the learner's call; a /proc read in another thread must
+    not look like a leak.
+    """
+    n = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            n += not os.readlink(f"/proc/self/fd/{fd}").startswith("/proc/")
+        except OSError:
+            pass  # closed between the listing and the look: it was transient
+    return n
+
+
 def _shm_files(family: set[int]) -> set[str]:
     """Segments this process or one of its children (now dead) made: ours to report and remove.
 
