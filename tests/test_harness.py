@@ -127,7 +127,7 @@ def test_saved_widget_state_counts_as_output(tmp_path):
     assert nbutil.notebook_has_outputs(nb)
 
 
-# --- (c) `make lab` serves JupyterLab at the root, on notebooks/00 ----------------------------------------
+# --- (c) `make lab` serves JupyterLab at the root, on notebooks/00 ------------------------------
 
 
 def _free_port() -> int:
@@ -212,7 +212,8 @@ def test_make_lab_serves_jupyterlab_at_the_root_on_notebook_00(tmp_path):
         _, listing = _get(f"{base}/api/contents/notebooks?token={token}&content=1")
         assert "00_start_here.ipynb" in {item["name"] for item in listing["content"]}
         # It opens on notebook 00: the URL printed names it.
-        assert "notebooks/00_start_here.ipynb" in log_path.read_text(), log_path.read_text()
+        assert f":{port}/lab/tree/notebooks/00_start_here.ipynb" in log_path.read_text(), \
+            log_path.read_text()
         # The README promises the URL is printed.
         assert f":{port}/lab" in log_path.read_text(), log_path.read_text()
         with pytest.raises(urllib.error.HTTPError) as denied:
