@@ -25,8 +25,10 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 # As root (a container, say) JupyterLab refuses to start without --allow-root.
 ROOT_ARGS := $(if $(filter 0,$(shell id -u)),--allow-root)
 
+# Rooted at the repository, so labs/ is in the file browser next to notebooks/; opens 00 first.
 lab: setup
-	$(VENV)/bin/jupyter lab --ServerApp.root_dir=notebooks $(ROOT_ARGS) $(LAB_ARGS)
+	$(VENV)/bin/jupyter lab --ServerApp.root_dir=. \
+		--LabApp.default_url=/lab/tree/notebooks/00_start_here.ipynb $(ROOT_ARGS) $(LAB_ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check .

@@ -127,7 +127,7 @@ def test_saved_widget_state_counts_as_output(tmp_path):
     assert nbutil.notebook_has_outputs(nb)
 
 
-# --- (c) `make lab` serves JupyterLab on notebooks/ ------------------------------------------
+# --- (c) `make lab` serves JupyterLab at the root, on notebooks/00 ------------------------------
 
 
 def _free_port() -> int:
@@ -169,7 +169,7 @@ def _stop_group(proc: subprocess.Popen) -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-def test_make_lab_serves_jupyterlab_on_notebooks(tmp_path):
+def test_make_lab_serves_jupyterlab_at_the_root_on_notebook_00(tmp_path):
     port, token = _free_port(), secrets.token_hex(16)
     lab_args = [
         "--no-browser",
@@ -208,8 +208,12 @@ def test_make_lab_serves_jupyterlab_on_notebooks(tmp_path):
 
         _, listing = _get(f"{base}/api/contents?token={token}&content=1")
         names = {item["name"] for item in listing["content"]}
-        assert "00_start_here.ipynb" in names, f"the lab is not rooted at notebooks/: {names}"
-        assert "pyproject.toml" not in names
+        assert {"labs", "notebooks"} <= names, f"the lab is not rooted at the repository: {names}"
+        _, listing = _get(f"{base}/api/contents/notebooks?token={token}&content=1")
+        assert "00_start_here.ipynb" in {item["name"] for item in listing["content"]}
+        # It opens on notebook 00: the URL printed names it.
+        assert f":{port}/lab/tree/notebooks/00_start_here.ipynb" in log_path.read_text(), \
+            log_path.read_text()
         # The README promises the URL is printed.
         assert f":{port}/lab" in log_path.read_text(), log_path.read_text()
         with pytest.raises(urllib.error.HTTPError) as denied:

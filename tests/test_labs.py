@@ -187,16 +187,20 @@ def test_edited_or_deleted_test_cells_are_restored(tmp_path):
     assert by_id["test_ex3_rebuild_cache"].score == 0  # the edit did not help
 
 
-def test_merge_keeps_learner_helper_cells_and_ignores_relabelling():
+def test_plan_keeps_learner_helper_cells_and_ignores_relabelling():
     source = release.read(release.SOURCE / "lab1_reducers.ipynb")
     learner = copy.deepcopy(source)
     idx = next(i for i, c in enumerate(learner.cells)
                if _meta(c).get("grade_id") == "ex3_pickle_size")
     learner.cells.insert(idx + 1, nbformat.v4.new_code_cell("helper = 1"))
     learner.cells[idx].metadata["nbgrader"]["points"] = 100  # relabelled: ignored
-    merged = grade.merge(source, learner)
-    assert any(c.source == "helper = 1" for c in merged.cells)
-    assert all(_meta(c).get("points", 0) < 100 for c in merged.cells)
+    jobs = {j["grade_id"]: j for j in grade.plan(source, learner)}
+    assert all(j["points"] < 100 for j in jobs.values())
+    ex3 = [c for c in jobs["test_ex3_pickle_size"]["cells"] if c["role"] == "answer"]
+    assert [c["source"] for c in ex3][-1] == "helper = 1"
+    # An exercise runs the instructor's answers to the others, never the learner's.
+    ex1 = jobs["test_ex1_point_reducer"]["cells"]
+    assert not any(c["source"] == "helper = 1" for c in ex1)
 
 
 @pytest.mark.timeout(300)
@@ -215,8 +219,8 @@ def test_cli_grade_json_and_exit_status():
 def test_grading_an_unknown_notebook_says_what_to_do(tmp_path):
     stray = tmp_path / "my_notes.ipynb"
     nbformat.write(nbformat.v4.new_notebook(), stray)
-    with pytest.raises(FileNotFoundError, match="named like one in"):
-        grade.grade(stray)
+    result = grade.grade(stray)
+    assert result.score == 0 and "name it like one of lab1_reducers.ipynb" in result.problem
 
 
 # --- grading from an installed wheel, outside the checkout --------------------------------------

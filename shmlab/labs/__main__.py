@@ -1,4 +1,5 @@
-"""``python -m shmlab.labs release`` and ``python -m shmlab.labs grade NOTEBOOK...``."""
+"""``python -m shmlab.labs release [--student DIR] | grade NOTEBOOK... | hash DIR |
+nbgrader-course DIR``."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 import os
 import sys
 
+from . import export, integrity
 from . import grade as grading
 from . import release as releasing
 
@@ -20,13 +22,39 @@ def main(argv=None) -> int:
                      help="where the learner copies go (default: labs/ of this directory)")
     rel.add_argument("--check", action="store_true",
                      help="write nothing; exit 1 if a learner copy is out of date")
+    rel.add_argument("--student", metavar="DIR",
+                     help="write a student bundle into DIR: the learner copies and a README, "
+                          "no instructor copy, hash list or solution")
+    nbg = sub.add_parser("nbgrader-course", help="lay out DIR/source/<lab>/<lab>.ipynb and "
+                                                 "nbgrader_config.py for nbgrader")
+    nbg.add_argument("dir")
     gr = sub.add_parser("grade", help="grade learner notebooks against the instructor copies "
-                                      "shipped in shmlab/labs/source/")
+                                      "(each exercise in a fresh process; see grade.py's Note)")
     gr.add_argument("notebooks", nargs="+")
     gr.add_argument("--json", action="store_true", help="print the scores as JSON")
-    gr.add_argument("--timeout", type=int, default=120, help="seconds per cell (default 120)")
+    gr.add_argument("--timeout", type=float, default=120, help="seconds per cell (default 120)")
+    gr.add_argument("--notebook-timeout", type=float, default=900,
+                    help="seconds per notebook, all its exercises together (default 900)")
+    gr.add_argument("--source", default=str(releasing.SOURCE), metavar="DIR",
+                    help="the instructor copies to grade against, with their SHA256SUMS "
+                         "(default: the ones shipped in the package)")
+    hs = sub.add_parser("hash", help="record the hashes of the instructor copies in DIR "
+                                     "(after editing them on purpose)")
+    hs.add_argument("dir")
     args = parser.parse_args(argv)
 
+    if args.command == "hash":
+        print(f"wrote {integrity.write_sums(args.dir)}")
+        return 0
+
+    if args.command == "nbgrader-course":
+        for path in export.nbgrader_course(args.dir):
+            print(f"wrote {path}")
+        return 0
+    if args.command == "release" and args.student:
+        for path in export.student_bundle(args.student):
+            print(f"wrote {path}")
+        return 0
     if args.command == "release":
         if args.check:
             stale = releasing.out_of_date(out_dir=args.out)
@@ -38,7 +66,12 @@ def main(argv=None) -> int:
             print(f"wrote {path}")
         return 0
 
-    results = [grading.grade(p, timeout=args.timeout) for p in args.notebooks]
+    try:
+        results = grading.grade_batch(args.notebooks, args.source, args.timeout,
+                                      args.notebook_timeout)
+    except integrity.IntegrityError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     if args.json:
         json.dump([r.as_dict() for r in results], sys.stdout, indent=1)
         print()

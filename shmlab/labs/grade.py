@@ -1,26 +1,50 @@
-"""Grade a learner's lab notebook against the instructor copy.
+"""Grade learners' lab notebooks against the verified instructor copies.
 
-Mirrors: nbgrader's autograde (OverwriteCells + execution + point totals), in one command.
+Mirrors: nbgrader's autograde (OverwriteCells, execution, the reply status per cell, totals).
 
-The learner's answers (solution cells, matched by ``grade_id``) are put into the instructor's
-notebook; every other cell (instructions, set-up, and the test cells *with* their hidden
-tests) comes from the instructor copy. So a learner who edited or deleted a test cell is graded
-against the original test all the same. The merged notebook runs in a fresh kernel; a test
-cell scores its points if it ran without an error.
+Note — how a grade is earned, and what cannot earn one:
+
+* **Each exercise is graded in its own fresh process** (``runner``), never in a Jupyter
+  kernel. It runs the instructor's set-up cells, the *instructor's* solutions for every other
+  exercise before it (so one mistake costs marks once: an fd leak in ex1 cannot fail ex3), the
+  learner's answer cell(s) for this exercise, then the instructor's test cell. Test cells come
+  only from the instructor copy; a learner's edited or deleted test changes nothing.
+* **Status, not output**: an answer cell that raises scores 0; so does a runner that dies
+  (``os._exit``), hangs (per-cell and per-notebook time limits, then SIGKILL of its process
+  group), or sends no verdict. Cells run as plain Python, so there is no IPython to bend
+  (``set_custom_exc``, ``showtraceback``, ``input_transformers_post`` raise NameError).
+* **The check code is fingerprinted** (``integrity.fingerprint``) before the first cell and
+  after the test; a learner who patched ``Cases``, rebound a lab module, a builtin or a
+  ``__code__`` fails that exercise with the name of what changed. Names the set-up bound
+  (``lab3``, ``shm_open``...) are restored before the test runs.
+* **Instructor copies** are checked against ``SHA256SUMS`` before a batch starts and graded
+  from memory; a notebook that writes one (or the grader's own files) scores 0 and the batch
+  says so. Grading writes nothing into the source folder.
+
+Limits (what this is not): a sandbox. Learner code runs with the grader's user rights, so a
+learner who studies the runner's protocol can forge its verdict line, read the instructor's
+solutions from the installed package, or kill the grading process itself; those are beyond
+patching, swallowing, rewriting or crashing, and need an OS-level sandbox (a container per run).
 """
 
 from __future__ import annotations
 
-import copy
+import json
+import os
+import selectors
+import signal
+import subprocess
+import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import nbformat
-from nbclient import NotebookClient
 
-from . import release as _release
+from . import integrity
 from .release import SOURCE, nbgrader_meta, release_cell
+
+_RUNNER = "import sys; del sys.path[0]; from shmlab.labs.runner import main; main()"
 
 
 @dataclass
@@ -28,8 +52,9 @@ class Exercise:
     grade_id: str
     points: float
     score: float
-    error: str  # the last line of the error the test cell raised, "" if it passed
-    output: str = ""  # what the test cell printed: its ✅/❌ lines and hints
+    error: str  # why it lost its points ("" if it scored them)
+    output: str = ""  # what the cells and the check printed: ✅/❌ lines, hints, tracebacks
+    seconds: float = 0.0
 
 
 @dataclass
@@ -37,79 +62,206 @@ class Result:
     notebook: str
     exercises: list[Exercise]
     seconds: float
+    problem: str = ""  # why the notebook as a whole could not be graded (or was voided)
+    max_points: float = field(default=0.0)
 
     @property
     def score(self) -> float:
-        return sum(e.score for e in self.exercises)
+        return 0.0 if self.problem else sum(e.score for e in self.exercises)
 
     @property
     def max_score(self) -> float:
-        return sum(e.points for e in self.exercises)
+        return sum(e.points for e in self.exercises) or self.max_points
 
     def as_dict(self) -> dict:
         return {"notebook": self.notebook, "score": self.score, "max_score": self.max_score,
-                "seconds": round(self.seconds, 2), "exercises": [asdict(e) for e in self.exercises]}
+                "seconds": round(self.seconds, 2), "problem": self.problem,
+                "exercises": [asdict(e) for e in self.exercises]}
 
 
-def merge(source_nb, learner_nb):
-    """The instructor notebook with the learner's answers (and their helper cells) in it."""
-    learner = list(learner_nb.cells)
-    index = {nbgrader_meta(c).get("grade_id"): i for i, c in enumerate(learner)
-             if nbgrader_meta(c).get("grade_id")}
-    merged = copy.deepcopy(source_nb)
-    cells = []
-    for cell in source_nb.cells:
+def plan(source_nb, learner_nb) -> list[dict]:
+    """One runner job per graded cell: {grade_id, points, cells, test}.
+
+    A solution cell belongs to the first graded cell after it. The job for an exercise runs
+    the learner's cells for that exercise only (their answer, then the unlabelled cells the
+    learner added right after it); every earlier answer is the instructor's. An exercise with
+    no solution cell of its own (an integration test) runs every earlier answer of the learner.
+    """
+    answers = _learner_answers(learner_nb)
+    jobs, pending, cells = [], [], []
+    for n, cell in enumerate(source_nb.cells):
         meta = nbgrader_meta(cell)
-        if not meta.get("solution"):
-            cells.append(copy.deepcopy(cell))
+        if cell.cell_type != "code":
             continue
-        i = index.get(meta["grade_id"])
-        if i is None or learner[i].cell_type != cell.cell_type:
-            cells.append(release_cell(cell))  # answer deleted: grade the empty stub
-            continue
-        answer = copy.deepcopy(learner[i])
-        answer.metadata["nbgrader"] = copy.deepcopy(meta)  # the learner can't relabel it
-        cells.append(answer)
-        for extra in learner[i + 1:]:  # the learner's own cells right after an answer stay
-            if nbgrader_meta(extra):
-                break
-            cells.append(copy.deepcopy(extra))
-    merged.cells = cells
-    return merged
+        label = meta.get("grade_id") or f"cell{n}"
+        if meta.get("grade"):
+            mine = pending or [j for j in cells if j[0] == "solution"]
+            job_cells = []
+            for kind, lab, src in cells:
+                if kind == "setup":
+                    job_cells.append({"role": "setup", "label": lab, "source": src})
+                elif (kind, lab, src) in mine:
+                    job_cells += [{"role": "answer", "label": lab, "source": s}
+                                  for s in answers.get(lab, [release_cell(_cell(src)).source])]
+                else:
+                    job_cells.append({"role": "reference", "label": lab, "source": src})
+            jobs.append({"grade_id": label, "points": float(meta.get("points", 0)),
+                         "cells": job_cells, "test": cell.source})
+            pending = []
+        elif meta.get("solution"):
+            cells.append(("solution", label, cell.source))
+            pending.append(cells[-1])
+        else:
+            cells.append(("setup", label, cell.source))
+    return jobs
 
 
-def grade(path, source_dir=SOURCE, timeout: int = 120) -> Result:
+def _cell(source: str):
+    return nbformat.v4.new_code_cell(source, metadata={"nbgrader": {"solution": True}})
+
+
+def _learner_answers(learner_nb) -> dict[str, list[str]]:
+    """{grade_id: [the learner's answer, then their own cells right after it]}."""
+    found: dict[str, list[str]] = {}
+    current = None
+    for cell in learner_nb.cells:
+        meta = nbgrader_meta(cell)
+        if meta:
+            current = meta.get("grade_id") if meta.get("solution") else None
+            if current and cell.cell_type == "code":
+                found[current] = [cell.source]
+        elif current and cell.cell_type == "code" and current in found:
+            found[current].append(cell.source)
+    return found
+
+
+def run_job(job: dict, cwd, cell_timeout: float, deadline: float) -> Exercise:
+    """Run one exercise in a fresh runner process; the verdict or the reason there is none."""
+    start = time.monotonic()
+    rfd, wfd = os.pipe()
+    proc = subprocess.Popen([sys.executable, "-c", _RUNNER, str(wfd)], cwd=cwd, pass_fds=(wfd,),
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    os.close(wfd)
+    proc.stdin.write(json.dumps(job).encode())
+    proc.stdin.close()
+    output, messages, reason = _collect(proc, rfd, cell_timeout, deadline)
+    with _suppress():
+        os.killpg(proc.pid, signal.SIGKILL)  # the runner and whatever the learner forked
+    proc.wait()
+    verdict = next((m["verdict"] for m in messages if "verdict" in m), None)
+    if verdict is None and not reason:
+        last = next((m["cell"] for m in reversed(messages) if "cell" in m), "start-up")
+        reason = (f"the process died (exit status {proc.returncode}) while running {last}, "
+                  "before the check finished: os._exit, a crash or a kill scores 0")
+    passed = bool(verdict and verdict.get("passed")) and not reason
+    error = reason or ("" if passed else verdict.get("reason", "failed"))
+    text = output + (verdict or {}).get("traceback", "") + (f"\n-> {error}\n" if error else "")
+    return Exercise(job["grade_id"], job["points"], job["points"] if passed else 0.0, error,
+                    text[-20000:], round(time.monotonic() - start, 2))
+
+
+class _suppress:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return exc[0] is not None and issubclass(exc[0], OSError)
+
+
+def _collect(proc, rfd, cell_timeout: float, deadline: float):
+    """Read the runner's output and messages until it closes both, or a time limit passes."""
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stdout, selectors.EVENT_READ)
+    sel.register(rfd, selectors.EVENT_READ)
+    out, buf, messages, reason = bytearray(), b"", [], ""
+    cell_deadline = time.monotonic() + cell_timeout
+    current = "start-up"
+    open_fds = 2
+    while open_fds:
+        limit = min(cell_deadline, deadline)
+        wait = limit - time.monotonic()
+        if wait <= 0:
+            which = "cell" if cell_deadline <= deadline else "notebook"
+            reason = (f"{current} ran past the {which} time limit "
+                      f"({cell_timeout:g} s per cell)" if which == "cell" else
+                      f"{current} ran past the notebook's time limit")
+            break
+        for key, _ in sel.select(timeout=wait):
+            fd = key.fd
+            data = os.read(fd, 65536)
+            if not data:
+                sel.unregister(key.fileobj)
+                open_fds -= 1
+            elif fd == rfd:
+                buf += data
+                *lines, buf = buf.split(b"\n")
+                for line in lines:
+                    msg = json.loads(line)
+                    messages.append(msg)
+                    if "cell" in msg:
+                        current, cell_deadline = msg["cell"], time.monotonic() + cell_timeout
+            else:
+                out += data
+    sel.close()
+    os.close(rfd)
+    return out.decode("utf-8", "replace"), messages, reason
+
+
+def _read_notebook(path: Path):
+    try:
+        return nbformat.read(path, as_version=4), ""
+    except FileNotFoundError:
+        return None, f"no such file: {path}"
+    except Exception as exc:  # not JSON, not a notebook: a row that says so
+        return None, f"{path} is not a readable notebook ({type(exc).__name__}: {exc})"
+
+
+def grade(path, source_dir=SOURCE, timeout: float = 120, notebook_timeout: float = 900,
+          sources: dict[str, bytes] | None = None, only=None) -> Result:
     """Score the notebook at ``path`` against the instructor copy of the same name.
 
-    ``source_dir`` defaults to the instructor copies inside the package (a checkout's or an
-    installed wheel's alike); the kernel runs in the learner notebook's folder.
+    ``sources`` are instructor copies already verified (a batch passes them); without it they
+    are read from ``source_dir`` and verified now (``IntegrityError`` if one was modified).
+    ``only``: grade just these grade_ids (a test's shortcut). Runners start in the notebook's
+    folder. Never raises for a learner's notebook: a problem
+    with it (misnamed, unreadable) is the Result's ``problem``.
     """
     path = Path(path)
-    source = _release.source(path.name, source_dir)
-    if not source.is_file():
-        names = ", ".join(p.name for p in _release.sources(source_dir))
-        raise FileNotFoundError(f"no instructor copy {source} for {path.name}: grade a notebook "
-                                f"named like one in {source_dir} ({names})")
-    nb = merge(_release.read(source), nbformat.read(path, as_version=4))
-    for cell in nb.cells:
-        if cell.cell_type == "code":
-            cell.outputs, cell.execution_count = [], None
-    start = time.perf_counter()
-    NotebookClient(nb, timeout=timeout, kernel_name="python3", allow_errors=True,
-                   resources={"metadata": {"path": str(path.parent)}}).execute()
-    seconds = time.perf_counter() - start
-    exercises = []
-    for cell in nb.cells:
-        meta = nbgrader_meta(cell)
-        if cell.cell_type != "code" or not meta.get("grade"):
-            continue
-        errors = [o for o in cell.outputs if o.get("output_type") == "error"]
-        error = f"{errors[0].ename}: {errors[0].evalue}"[:300] if errors else ""
-        points = float(meta.get("points", 0))
-        printed = "".join(o.get("text", "") for o in cell.outputs if o.get("name") == "stdout")
-        exercises.append(Exercise(meta["grade_id"], points, 0.0 if errors else points, error,
-                                  printed))
-    return Result(str(path), exercises, seconds)
+    sources = integrity.load_sources(source_dir) if sources is None else sources
+    start = time.monotonic()
+    if path.name not in sources:
+        return Result(str(path), [], 0.0, f"no instructor copy for {path.name}: name it like "
+                      f"one of {', '.join(sorted(sources))} (graded nothing)")
+    learner, problem = _read_notebook(path)
+    if problem:
+        return Result(str(path), [], 0.0, problem)
+    source_nb = nbformat.reads(sources[path.name].decode("utf-8"), as_version=4)
+    deadline = start + notebook_timeout
+    exercises = [run_job(job, str(path.parent.resolve()), timeout, deadline)
+                 for job in plan(source_nb, learner) if only is None or job["grade_id"] in only]
+    return Result(str(path), exercises, time.monotonic() - start)
+
+
+def grade_batch(paths, source_dir=SOURCE, timeout: float = 120,
+                notebook_timeout: float = 900) -> list[Result]:
+    """Grade every notebook; each becomes a row, whatever it did (see the module's Note)."""
+    sources = integrity.load_sources(source_dir)  # refuses a modified copy before any grading
+    grader = integrity.grader_files()
+    results = []
+    for path in paths:
+        result = grade(path, source_dir, timeout, notebook_timeout, sources)
+        wrote = integrity.changed_sources(source_dir, sources)
+        if integrity.grader_files() != grader:
+            wrote.append("the grader's own files (shmlab/labs/*.py)")
+        if wrote:
+            result.problem = (f"this notebook wrote {', '.join(wrote)} while it was graded: "
+                              "scored 0 (the batch kept grading from the verified copies; "
+                              "reinstall shmlab before the next batch)")
+            for e in result.exercises:
+                e.score, e.error = 0.0, e.error or "voided: the notebook wrote the grader's files"
+        results.append(result)
+    return results
 
 
 def print_table(result: Result) -> None:
@@ -118,4 +270,6 @@ def print_table(result: Result) -> None:
         mark = "✅" if e.score == e.points else "❌"
         print(f"  {mark} {e.grade_id:<28} {e.score:g}/{e.points:g}"
               + (f"   {e.error}" if e.error else ""))
+    if result.problem:
+        print(f"  ❌ {result.problem}")
     print(f"  total {result.score:g}/{result.max_score:g}")

@@ -6,12 +6,18 @@ import os
 import socket
 
 from .._shm import SHM_DIR
-from .report import Cases, run_in_child
+from .report import Cases, fd_count, run_in_child
 
 
-def check_unlinked_segment(create_unlinked_segment):
-    with Cases("Exercise 1: an unlinked shared-memory segment") as c:
-        fd = create_unlinked_segment(4096)
+def check_unlinked_segment(create_unlinked_segment, sizes=(4096,)):
+    """``sizes``: the sizes tried (the grader tries more, by the same rules)."""
+    for size in sizes:
+        _check_segment(create_unlinked_segment, size)
+
+
+def _check_segment(create_unlinked_segment, size):
+    with Cases(f"Exercise 1: an unlinked shared-memory segment of {size} bytes") as c:
+        fd = create_unlinked_segment(size)
         try:
             link = os.readlink(f"/proc/self/fd/{fd}")
             c.check(link.startswith(SHM_DIR + "/"), f"the fd points into /dev/shm ({link})",
@@ -19,10 +25,10 @@ def check_unlinked_segment(create_unlinked_segment):
             c.check(link.endswith("(deleted)"), "the name is already unlinked",
                     "call shm_unlink(name) right after creating: the fd is the only handle")
             st = os.fstat(fd)
-            c.check(st.st_size == 4096, f"the segment is 4096 bytes (got {st.st_size})",
+            c.check(st.st_size == size, f"the segment is {size} bytes (got {st.st_size})",
                     "size it with os.ftruncate (and os.posix_fallocate)")
             c.check(st.st_mode & 0o777 == 0o600, "mode 0600: only you can open it",
-                    "pass mode 0o600 to shm_open")
+                    "the mode you create it with decides who else may open it")
         finally:
             os.close(fd)
 
@@ -32,17 +38,27 @@ def check_fd_passing(send_fd, recv_fd, create_unlinked_segment):
         parent_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             ident = run_in_child(_send_segment, child_sock, send_fd, create_unlinked_segment)
+            before = fd_count()  # the child has sent and gone: only recv_fd opens fds now
             fd = recv_fd(parent_sock)
+            opened = fd_count() - before
         finally:
             parent_sock.close()
             child_sock.close()
+        if not isinstance(fd, int) or fd < 0:
+            c.check(False, f"recv_fd returns an fd number (got {fd!r})",
+                    "recv_fds returns (data, fds, flags, address): the fd is in the list")
+            return
         try:
             st = os.fstat(fd)
             c.check((st.st_ino, st.st_dev) == ident,
                     "the fd received names the child's segment (same inode and device)",
-                    "socket.send_fds(sock, [b'x'], [fd]) / socket.recv_fds(sock, 1, 1)")
+                    "which call puts an fd into a message's ancillary data, and which takes "
+                    "it out? (the socket module has both)")
             c.check(os.pread(fd, 5, 0) == b"hello", "the parent reads what the child wrote",
                     "the received fd is a new number for the same object")
+            c.check(opened == 1, f"receiving opened exactly one fd (opened {opened})",
+                    "every fd recv_fd holds but does not return is a leak: return the one "
+                    "you received, close any other (a dup, a second maxfds slot)")
         finally:
             os.close(fd)
 
@@ -79,3 +95,23 @@ def check_rebuild_cache(rebuild_storage_fd, create_unlinked_segment):
         c.check(d is not a, "a different segment (even under a reused fd number) is a new "
                 "storage", "fd numbers are reused as soon as they are closed: they cannot "
                 "name a segment; (st_ino, st_dev) can")
+        del a, b, d
+        _check_fd_per_storage(c, rebuild_storage_fd, create_unlinked_segment)
+
+
+def _check_fd_per_storage(c, rebuild_storage_fd, create_unlinked_segment):
+    """One fd per live storage (its own dup), gone when the storage is."""
+    import gc
+
+    before = fd_count()
+    seg = create_unlinked_segment(8)
+    s = rebuild_storage_fd(seg, 8, {})
+    os.close(seg)
+    held = fd_count() - before
+    c.check(held == 1, f"a live storage holds one fd of its own ({held})",
+            "the storage keeps a dup of the fd it was built from; do not open more")
+    del s
+    gc.collect()
+    left = fd_count() - before
+    c.check(left == 0, f"when the storage dies, its fd goes too ({left} left)",
+            "keep no fd of your own in the cache: the storage owns its fd")

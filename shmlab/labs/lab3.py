@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import _posixshmem
 import contextlib
+import fcntl
 import os
 
 from .. import _shm
 from .._shm import SHM_DIR
-from .report import Cases, run_in_child
+from .report import Cases, fd_count, run_in_child
 
 
 def _count(name: str):
@@ -36,6 +38,7 @@ def check_attach_close(attach, close):
         creator = _shm.create_refcounted(name, 16)  # count 1, as the creator holds it
         creator_buf = creator.buffer(_shm.HEADER_SIZE)
         creator_buf[0] = 42
+        fds_before = fd_count()
         m = attach(name, 16)
         c.check(_count(name) == 2, f"attach: 1 -> 2 (got {_count(name)})",
                 "read the int32 at offset 0, add 1, write it back")
@@ -45,6 +48,10 @@ def check_attach_close(attach, close):
         close(name, m)
         c.check(_count(name) == 1, f"close: 2 -> 1 (got {_count(name)})",
                 "subtract 1 from the count")
+        left = fd_count() - fds_before
+        c.check(left == 0, f"after attach and close, no fd is left open ({left} left)",
+                "the mapping keeps its own reference to the segment: the fd you opened to "
+                "map it is yours to close, in attach and in close, on every path")
         c.check(os.path.exists(f"{SHM_DIR}{name}"), "the file stays while the creator holds it",
                 "unlink only when the count reaches 0")
         m2 = attach(name, 16)
@@ -67,15 +74,49 @@ def check_concurrent_updates(incref, decref):
         c.check(_count(name) == 1 + 2 * n,
                 f"two processes x {n} increments at once: {1 + 2 * n} expected, "
                 f"got {_count(name)}",
-                "two read-modify-writes interleaved and one update was lost: hold "
-                "fcntl.flock(fd, fcntl.LOCK_EX) around the read and the write")
+                "two read-modify-writes interleaved and one update was lost: what keeps "
+                "another process out between your read and your write?")
         for _ in range(2 * n):
             decref(name)
         c.check(_count(name) == 1, "decref brings it back to 1")
-        decref(name)
+        with _watching_unlink(decref) as unlinks:
+            decref(name)
         unlinked = not os.path.exists(f"{SHM_DIR}{name}")
-        c.check(unlinked, "the decrement to 0 unlinks",
-                "unlink under the same lock, so nobody can attach in between")
+        c.check(unlinked, "the decrement to 0 unlinks", "when the count reaches 0, shm_unlink")
+        c.check(unlinks == [True], f"it unlinks while holding the lock (shm_unlink calls, "
+                f"locked or not: {unlinks})", "between your LOCK_EX and LOCK_UN: otherwise "
+                "an attach can slip in after the count hit 0 and before the name is gone")
+
+
+@contextlib.contextmanager
+def _watching_unlink(fn):
+    """Swap ``shm_unlink`` in ``fn``'s globals for one that records whether the lock is held.
+
+    flock locks belong to an open file description: a second open() of the file gets its own,
+    so a non-blocking LOCK_EX on it fails exactly when somebody (the learner's fd) holds it.
+    """
+    names, seen = fn.__globals__, []
+    real = names.get("shm_unlink")
+
+    def shm_unlink(name):
+        probe = os.open(f"{SHM_DIR}{name}", os.O_RDONLY)
+        try:
+            fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            seen.append(False)  # we got it: nobody held the lock
+        except BlockingIOError:
+            seen.append(True)
+        finally:
+            os.close(probe)
+        return _posixshmem.shm_unlink(name)
+
+    names["shm_unlink"] = shm_unlink
+    try:
+        yield seen
+    finally:
+        if real is None:
+            names.pop("shm_unlink", None)
+        else:
+            names["shm_unlink"] = real
 
 
 def _hammer_both(incref, name, n):

@@ -67,7 +67,13 @@ def check_tracker(tracker_cls, grace=0.5):
                 "compare now - (time the last client left) with grace")
         t.client_joined("c3", now=2.0 + grace / 2)
         c.check(not t.should_exit(now=2.0 + grace + 0.01), "a client arriving in the grace "
-                "period cancels the clean-up", "a join must reset the countdown")
+                "period cancels the clean-up", "while anyone is connected, never exit")
+        t.client_left("c3", now=2.0 + grace * 0.75)
+        c.check(not t.should_exit(now=2.0 + grace + 0.01), "when that client leaves, the "
+                "countdown starts again from its departure",
+                "which departure does your countdown measure from, after a join?")
+        c.check(t.should_exit(now=2.0 + grace * 1.75 + 0.01), "... and ends `grace` seconds "
+                "after it", "measure from the moment the last client left")
         t.free(a)
         c.check(a not in t.registered, "free() forgets a name", "remove it from .registered")
 

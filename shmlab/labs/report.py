@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 import traceback
 
 from .._shm import SHM_DIR
@@ -23,7 +24,8 @@ class Cases:
 
     def __enter__(self) -> Cases:
         print(f"{self.title}")
-        self._shm_before = _shm_files()
+        self._family = _Family()
+        self._shm_before = _shm_files(self._family.pids)
         return self
 
     def check(self, ok: bool, what: str, hint: str = "") -> bool:
@@ -40,9 +42,9 @@ class Cases:
             self.check(False, "not implemented yet", "fill in the cell above (replace the "
                        "`raise NotImplementedError()` line) and run it, then run this cell again")
         elif exc_type is not None and not issubclass(exc_type, AssertionError):
-            last = traceback.format_exception_only(exc_type, exc)[-1].strip()
-            self.check(False, f"your code raised {last}", "read the error, fix the cell above")
-        leaked = _shm_files() - self._shm_before
+            self._raised(exc_type, exc, tb)
+        self._family.stop()
+        leaked = _shm_files(self._family.pids) - self._shm_before
         for name in sorted(leaked):  # clean up after the learner's code, and say so
             try:
                 os.unlink(os.path.join(SHM_DIR, name))
@@ -59,16 +61,82 @@ class Cases:
         return exc_type is None
 
 
-def _shm_files() -> set[str]:
-    """Segments this process (or one of its children, now dead) made: ours to report and remove.
+    def _raised(self, exc_type, exc, tb) -> None:
+        """Say who raised: the learner's code (with its traceback) or the check itself."""
+        from .integrity import is_learner_frame
 
-    Names carry the creator's pid; a file whose creator is another live process belongs to
-    somebody else on this machine, and is never reported or removed. (psm_ names carry none.)
+        last = traceback.format_exception_only(exc_type, exc)[-1].strip()
+        frames = traceback.extract_tb(tb)
+        mine = [i for i, f in enumerate(frames) if is_learner_frame(f.filename)]
+        if mine:
+            print("".join(traceback.format_list(frames[mine[0]:])) + "  " + last)
+            self.check(False, f"your code raised {last}",
+                       "the traceback above starts in your cell: fix it there")
+        else:
+            where = frames[-1] if frames else None
+            at = f" at {os.path.basename(where.filename)}:{where.lineno}" if where else ""
+            self.check(False, f"the check raised {last}{at}, after your code returned",
+                       "usually your function returned something the check could not use "
+                       "(an fd already closed, a name that is gone): look at what it returns")
+
+
+def fd_count() -> int:
+    """Open fds of this process, less the /proc files a poller (``_Family``) holds for a moment.
+
+    Checks compare two counts around the learner's call; a /proc read in another thread must
+    not look like a leak.
+    """
+    n = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            n += not os.readlink(f"/proc/self/fd/{fd}").startswith("/proc/")
+        except OSError:
+            pass  # closed between the listing and the look: it was transient
+    return n
+
+
+def _shm_files(family: set[int]) -> set[str]:
+    """Segments this process or one of its children (now dead) made: ours to report and remove.
+
+    Names carry the creator's pid. On a shared machine a dead creator may be anybody's, so only
+    pids seen among our descendants while the check ran count; a file of another process is
+    never reported or removed. (psm_ names carry none.)
     """
     from ..introspect import shm_segments
 
-    return {s.name for s in shm_segments()
-            if s.creator_pid == os.getpid() or s.creator_alive is False}
+    return {s.name for s in shm_segments() if s.creator_pid == os.getpid()
+            or (s.creator_alive is False and s.creator_pid in family)}
+
+
+class _Family:
+    """The pids of this process's descendants, polled every 20 ms until ``stop()``.
+
+    A child that makes a segment and dies within 20 ms may be missed: its leak then goes
+    unreported (lenient), never blamed on somebody else (unjust).
+    """
+
+    def __init__(self):
+        import psutil
+
+        self.pids: set[int] = set()
+        self._me, self._done = psutil.Process(), threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True, name="cases-family")
+        self._thread.start()
+
+    def _poll(self) -> None:
+        import psutil
+
+        while True:
+            try:
+                self.pids.update(p.pid for p in self._me.children(recursive=True))
+            except psutil.Error:
+                pass
+            if self._done.wait(0.02):
+                return
+
+    def stop(self) -> None:
+        self._done.set()
+        self._thread.join()
 
 
 def run_in_child(fn, *args, timeout: float = 30.0):

@@ -1,0 +1,126 @@
+"""One exercise, graded in a fresh process: ``runner.main()`` with the message FD in argv[1].
+
+The grader starts ``python -c "from shmlab.labs.runner import main; main()" FD`` (not ``-m``,
+so this module is ``shmlab.labs.runner`` and is fingerprinted with the checks); the job comes
+on stdin.
+
+Mirrors: what nbgrader's autograde reads from a kernel (each cell's execute reply status), without
+a kernel: cells run as plain Python with ``exec``, so there is no ``get_ipython()`` whose
+``set_custom_exc``, ``showtraceback`` or ``input_transformers_post`` a learner could bend.
+
+The job (JSON): ``cells`` — [{"role": "setup" | "reference" | "answer", "label", "source"}] in
+notebook order — and ``test``, the instructor's test cell. The runner
+
+1. runs the set-up and reference cells (the instructor's), then takes
+   ``integrity.fingerprint()`` just before the learner's first line;
+2. runs the cells in a fresh ``__main__`` (the checks fork children that must find the
+   learner's classes there); an ``answer`` cell that raises ends the exercise with 0 — its
+   status, not its output, decides;
+3. restores the names the set-up cells bound (so ``lab3 = fake`` is undone), runs the test,
+   and fingerprints again: any replaced check code fails the exercise, naming what changed;
+4. writes one JSON line per event to FD (``{"cell": label}`` before each cell, then
+   ``{"verdict": {...}}``) and leaves with ``os._exit``, so no learner thread or atexit hook
+   runs after the verdict.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import sys
+import traceback
+import types
+
+from . import integrity
+
+# Imported before any cell; the set-up cells import the rest (the lab's module, torch for lab 5),
+# and the first fingerprint is taken after them, just before the first learner line runs.
+CHECK_MODULES = ("shmlab.labs.runner", "shmlab.labs.report", "shmlab.demo.actor")
+
+
+def _send(out, message: dict) -> None:
+    out.write(json.dumps(message) + "\n")
+    out.flush()
+
+
+def _learner_traceback(exc: BaseException) -> str:
+    """The traceback from the first frame of the learner's own code on (the runner's cut)."""
+    tb = exc.__traceback__
+    while tb is not None and not integrity.is_learner_frame(tb.tb_frame.f_code.co_filename):
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(type(exc), exc, tb or exc.__traceback__))
+
+
+def _who_raised(exc: BaseException) -> str:
+    """'your code' if a frame of the learner's cells is on the traceback, else 'the check'."""
+    tb = exc.__traceback__
+    while tb is not None:
+        if integrity.is_learner_frame(tb.tb_frame.f_code.co_filename):
+            return "your code"
+        tb = tb.tb_next
+    return "the check"
+
+
+def run(job: dict, out) -> dict:
+    for name in CHECK_MODULES:
+        importlib.import_module(name)
+    main = types.ModuleType("__main__")
+    main.__builtins__ = __builtins__
+    sys.modules["__main__"] = main
+    ns = main.__dict__
+    before = None
+    setup_names: dict = {}
+    for cell in job["cells"]:
+        if cell["role"] == "answer" and before is None:
+            before = integrity.fingerprint()
+        _send(out, {"cell": cell["label"]})
+        filename = f"<{cell['role']} {cell['label']}>"
+        try:
+            exec(compile(cell["source"], filename, "exec"), ns)
+        except BaseException as exc:  # SystemExit and KeyboardInterrupt are answers too
+            if cell["role"] == "answer" and isinstance(exc, NotImplementedError):
+                return {"passed": False, "traceback": "", "reason": "not implemented yet: "
+                        f"replace the `raise NotImplementedError()` in {cell['label']}"}
+            if cell["role"] == "answer":
+                return {"passed": False, "reason": f"your cell {cell['label']} raised "
+                        f"{type(exc).__name__}: {exc}"[:300], "traceback": _learner_traceback(exc)}
+            return {"passed": False, "reason": f"the grader's {cell['role']} cell "
+                    f"{cell['label']} raised {type(exc).__name__}: {exc} (a grader bug: "
+                    "tell the instructor)"[:300], "traceback": traceback.format_exc()}
+        if cell["role"] == "setup":
+            setup_names = dict(ns)
+    ns.update(setup_names)  # the check module and helpers the set-up bound, as it bound them
+    _send(out, {"cell": "test"})
+    verdict = {"passed": True, "reason": "", "traceback": ""}
+    try:
+        exec(compile(job["test"], "<check>", "exec"), ns)
+    except AssertionError as exc:
+        verdict = {"passed": False, "reason": str(exc)[:300] or "a check failed",
+                   "traceback": ""}
+    except BaseException as exc:
+        who = _who_raised(exc)
+        verdict = {"passed": False, "traceback": _learner_traceback(exc),
+                   "reason": f"{who} raised {type(exc).__name__}: {exc}"[:300]}
+    changed = integrity.differences(before or {}, integrity.fingerprint())
+    if changed:
+        verdict = {"passed": False, "traceback": "",
+                   "reason": "your code replaced part of the grader, so this check proves "
+                             "nothing: " + ", ".join(changed[:5])}
+    return verdict
+
+
+def main() -> None:
+    out = os.fdopen(int(sys.argv[1]), "w", buffering=1)
+    job = json.loads(sys.stdin.read())
+    try:
+        verdict = run(job, out)
+    except BaseException as exc:  # the runner itself broke: say so, score nothing
+        verdict = {"passed": False, "reason": f"the grader's runner raised "
+                   f"{type(exc).__name__}: {exc}"[:300], "traceback": traceback.format_exc()}
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        _send(out, {"verdict": verdict})
+    finally:
+        os._exit(0)
