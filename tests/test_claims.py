@@ -49,6 +49,8 @@ OWNER = {
     "C12.9": "03_sharing_cuda_tensors.ipynb",
     "C12.10": "08_when_the_parent_dies.ipynb",
     "C12.11": "03_sharing_cuda_tensors.ipynb",
+    "C12.12": "04_file_descriptor_strategy.ipynb",
+    "C12.13": "04_file_descriptor_strategy.ipynb",
 }
 # The handout's part of docs/CLAIMS.md ends where this heading starts; the rest is ours.
 ADDITIONS_HEADING = "\n## Corrections and additions (issue 12)\n"

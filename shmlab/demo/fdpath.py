@@ -116,3 +116,14 @@ def fds_on(ino: int) -> int:
 def pending_dups() -> int:
     """fds ``resource_sharer`` holds for messages nobody has received yet."""
     return len(resource_sharer._resource_sharer._cache)
+
+
+def settled_fds_on(ino: int, timeout: float = 5.0) -> int:
+    """``fds_on(ino)`` once it reaches 0 or ``timeout`` passes: resource_sharer's thread closes
+    its dup just *after* sending it, so right after a receive the count can still be 1."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while (n := fds_on(ino)) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return n
