@@ -9,7 +9,8 @@ Chinese, and self-check answers that Run All does not spoil.
   no half-width , ; ( ) and no : . ! ? right after a 汉字; elsewhere, none of , ; : ( ) between
   two 汉字 (a Chinese phrase quoted in English text).
 * In a "## Check yourself" (or "## Self-check") section, no code cell prints or displays
-  anything except through ``shmlab.demo.show.reveal``, which puts the answer in a collapsed ``<details>`` element: the
+  anything except through ``shmlab.demo.show.reveal``, which puts the answer in a collapsed
+  ``<details>`` element: the
   learner's attempt comes first.
 """
 
