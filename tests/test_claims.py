@@ -37,15 +37,35 @@ OWNER = {
     "C4.1": "04_file_descriptor_strategy.ipynb",
     "C4.2": "05_file_system_strategy_and_shm_manager.ipynb",
     "C5": "06_hogwild_training.ipynb",
+    # docs/CLAIMS.md, "Corrections and additions (issue 12)": one owner per corrected statement.
+    "C12.1": "04_file_descriptor_strategy.ipynb",
+    "C12.2": "02_sharing_strategy_api.ipynb",
+    "C12.3": "02_sharing_strategy_api.ipynb",
+    "C12.4": "07_beyond_one_machine.ipynb",
+    "C12.5": "07_beyond_one_machine.ipynb",
+    "C12.6": "08_when_the_parent_dies.ipynb",
+    "C12.7": "04_file_descriptor_strategy.ipynb",
+    "C12.8": "03_sharing_cuda_tensors.ipynb",
+    "C12.9": "03_sharing_cuda_tensors.ipynb",
+    "C12.10": "08_when_the_parent_dies.ipynb",
+    "C12.11": "03_sharing_cuda_tensors.ipynb",
+    "C12.12": "04_file_descriptor_strategy.ipynb",
+    "C12.13": "04_file_descriptor_strategy.ipynb",
 }
+# The handout's part of docs/CLAIMS.md ends where this heading starts; the rest is ours.
+ADDITIONS_HEADING = "\n## Corrections and additions (issue 12)\n"
 # Notebooks that must also pass with SHMLAB_START_METHOD=spawn.
 SPAWN_NOTEBOOKS = ["01_what_is_torch_multiprocessing.ipynb", "02_sharing_strategy_api.ipynb"]
 
 
 def claim_ids(path: Path = CLAIMS_MD) -> list[str]:
-    """The ids in the first column of the claims table, in order."""
+    """The ids in the first column of the claims tables, in order."""
+    return claim_ids_in(path.read_text(encoding="utf-8"))
+
+
+def claim_ids_in(text: str) -> list[str]:
     ids = []
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for line in text.splitlines():
         m = re.match(r"\|\s*(C[0-9][0-9.]*)\s*\|", line)
         if m:
             ids.append(m.group(1))
@@ -109,9 +129,18 @@ def test_every_claim_has_an_owner_notebook():
 
 @pytest.mark.skipif(not SEED_CLAIMS_MD.is_file(), reason="../shared/seed/CLAIMS.md not present")
 def test_claims_copy_matches_the_seed():
-    assert CLAIMS_MD.read_text(encoding="utf-8") == SEED_CLAIMS_MD.read_text(encoding="utf-8"), (
-        f"docs/CLAIMS.md differs from {SEED_CLAIMS_MD}: copy it again, verbatim"
+    handout = CLAIMS_MD.read_text(encoding="utf-8").split(ADDITIONS_HEADING)[0]
+    assert handout == SEED_CLAIMS_MD.read_text(encoding="utf-8"), (
+        f"docs/CLAIMS.md (before {ADDITIONS_HEADING.strip()!r}) differs from {SEED_CLAIMS_MD}: "
+        "copy it again, verbatim, and keep the additions after it"
     )
+
+
+def test_the_additions_go_beyond_the_handout():
+    text = CLAIMS_MD.read_text(encoding="utf-8")
+    assert ADDITIONS_HEADING in text, f"docs/CLAIMS.md has no {ADDITIONS_HEADING.strip()!r}"
+    ours = claim_ids_in(text.split(ADDITIONS_HEADING, 1)[1])
+    assert ours and all(c.startswith("C12.") for c in ours), ours
 
 
 @pytest.mark.parametrize("group", sorted(OWNER), ids=lambda g: f"{g}-{OWNER[g][:2]}")

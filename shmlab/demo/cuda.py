@@ -50,6 +50,21 @@ def cuda_in_fork_child(results):
         results.put(str(exc))
 
 
+def fork_child_cuda_state(results):
+    """In a child forked from a parent that may or may not have initialised CUDA: does torch
+    mark this child a bad fork, and (with a GPU) does CUDA work here?"""
+    import torch
+
+    state = {"bad fork": torch.cuda._is_in_bad_fork(), "cuda": None}
+    if torch.cuda.is_available():
+        try:
+            torch.zeros(1, device="cuda")
+            state["cuda"] = "ok"
+        except RuntimeError as exc:
+            state["cuda"] = str(exc)
+    results.put(state)
+
+
 def model_commands() -> dict:
     """The command table of a ``shmlab.cuda_ipc_model`` consumer, for ``Actor`` (the
     producer is the parent). Blocks arrive pickled in the command itself (``Block.__reduce__``

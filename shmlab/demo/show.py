@@ -61,3 +61,21 @@ def show_widget(make, **kwargs):
         print(f"(live widget not available: {type(exc).__name__}: {exc})")
         return None
     return widget
+
+
+def reveal(answer: str, *evidence, sep: str = " ") -> None:
+    """A self-check answer, collapsed: Run All shows only "Show the answer", so the learner's
+    attempt comes first. ``evidence`` (joined like ``print``'s arguments) is what this machine
+    just measured; it goes inside the same collapsed element."""
+    import html
+
+    shown = sep.join(str(e) for e in evidence)
+    body = f"<p>{html.escape(answer)}</p>" + (f"<pre>{html.escape(shown)}</pre>" if shown else "")
+    _display(_html(f"<details><summary>Show the answer</summary>{body}</details>"),
+             text=f"[answer hidden] {answer}\n{shown}".rstrip())
+
+
+def _html(markup: str):
+    from IPython.display import HTML
+
+    return HTML(markup)

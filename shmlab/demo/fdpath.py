@@ -1,0 +1,129 @@
+"""Which channel carries a shared tensor's fd, for each start method and after start-up.
+
+Notebook 04 (claims C12.1 and C12.7). ``traced()`` wraps, in this process only, the places
+where CPython's multiprocessing can let an fd go, and records each call; ``fd_path`` starts
+one child with a shared tensor as its ``Process`` argument under one start method and says
+which of those places the fd went through.
+
+Mirrors: CPython multiprocessing/popen_fork.py (nothing pickled), popen_spawn_posix.py
+(``duplicate_for_child`` -> ``util.spawnv_passfds``), popen_forkserver.py + forkserver.py
+(``duplicate_for_child`` -> ``reduction.sendfds`` to the server), resource_sharer.py
+(``DupFd`` outside start-up: a listener thread, one UNIX connection per fd).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+from multiprocessing import popen_forkserver, popen_spawn_posix, reduction, resource_sharer, util
+
+from . import channels
+from .libs import new_tensor
+
+
+@contextlib.contextmanager
+def traced():
+    """Record, until the block ends, every pickled start-up object (``reduction.dump``),
+    ``duplicate_for_child`` fd, ``pass_fds`` list of a fork+exec, ``sendfds`` list
+    (SCM_RIGHTS) and ``resource_sharer`` registration in this process."""
+    seen = {"pickled": [], "duplicate_for_child": [], "pass_fds": [], "sendfds": [],
+            "resource_sharer": 0}
+    sharer = resource_sharer._resource_sharer  # the process-wide listener of DupFd
+
+    def wrap(owner, name, record):
+        original = getattr(owner, name)
+
+        def traced_call(*args, **kwargs):
+            record(*args)
+            return original(*args, **kwargs)
+        setattr(owner, name, traced_call)
+        return owner, name, original
+
+    def dup_for_child(popen, fd):
+        seen["duplicate_for_child"].append(fd)
+
+    def registered(*_):
+        seen["resource_sharer"] += 1
+
+    patches = [
+        wrap(reduction, "dump", lambda obj, *_: seen["pickled"].append(type(obj).__name__)),
+        wrap(popen_spawn_posix.Popen, "duplicate_for_child", dup_for_child),
+        wrap(popen_forkserver.Popen, "duplicate_for_child", dup_for_child),
+        wrap(util, "spawnv_passfds", lambda path, args, fds: seen["pass_fds"].append(list(fds))),
+        wrap(reduction, "sendfds", lambda sock, fds: seen["sendfds"].append(list(fds))),
+        wrap(sharer, "register", registered),
+    ]
+    try:
+        yield seen
+    finally:
+        for owner, name, original in reversed(patches):
+            if owner is sharer:
+                del sharer.register  # back to the class's method
+            else:
+                setattr(owner, name, original)
+
+
+def fd_path(method: str, lib: str = "torch", value: float = 5.0) -> dict:
+    """Start one ``method`` child with a shared tensor as its Process argument; the child
+    writes ``value`` at [0]. Report what ``traced()`` saw, the storage's fd, the exit code
+    and what the parent reads back at [0]."""
+    t = new_tensor(lib, [0.0, 0.0]).share_memory_()
+    fd = storage_fd(t)
+    if method == "forkserver":  # start the server first: its own launch is not the child's
+        from multiprocessing import forkserver
+        forkserver.ensure_running()
+    ctx = multiprocessing.get_context(method)
+    with traced() as seen:
+        p = ctx.Process(target=channels.pool_write, args=(t, value), daemon=True)
+        p.start()
+        p.join(120)
+    return {**seen, "fd": fd, "exitcode": p.exitcode, "seen": float(t.numpy()[0])}
+
+
+def storage_fd(t) -> int:
+    """The fd a file_descriptor-shared tensor's storage keeps (torch or shmlab)."""
+    storage = t.untyped_storage()
+    if hasattr(storage, "_share_fd_cpu_"):  # torch
+        return storage._share_fd_cpu_()[0]
+    return storage.fd  # shmlab
+
+
+def after_start_up(lib: str = "torch") -> dict:
+    """Pickle a shared tensor outside any Process start-up, as ``Queue.put``'s feeder thread
+    does, then receive it here: the fd goes through ``resource_sharer``."""
+    from multiprocessing.reduction import ForkingPickler
+
+    t = new_tensor(lib, [0.0, 0.0]).share_memory_()
+    with traced() as seen:
+        msg = ForkingPickler.dumps(t)
+        back = ForkingPickler.loads(msg)  # connects to the listener: SCM_RIGHTS over AF_UNIX
+    address = resource_sharer._resource_sharer._address
+    back.numpy()[0] = 3.0
+    return {**seen, "address": address, "unix": isinstance(address, str) and
+            os.path.exists(address), "message bytes": len(msg), "seen": float(t.numpy()[0])}
+
+
+def fds_on(ino: int) -> int:
+    """How many of this process's fds point at the file with inode ``ino``."""
+    count = 0
+    for name in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            count += os.stat(f"/proc/self/fd/{name}").st_ino == ino
+    return count
+
+
+def pending_dups() -> int:
+    """fds ``resource_sharer`` holds for messages nobody has received yet."""
+    return len(resource_sharer._resource_sharer._cache)
+
+
+def settled_fds_on(ino: int, timeout: float = 5.0) -> int:
+    """``fds_on(ino)`` once it reaches 0 or ``timeout`` passes: resource_sharer's thread closes
+    its dup just *after* sending it, so right after a receive the count can still be 1."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while (n := fds_on(ino)) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return n
