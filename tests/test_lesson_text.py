@@ -36,6 +36,7 @@ def _plain(text: str) -> str:
     text = re.sub(r"`[^`]*`", "X", text)  # an identifier: a Latin token
     text = re.sub(r"\]\([^)]*\)", "]", text)
     text = re.sub(r"<[^>]+>", " ", text)
+    text = re.sub(r"^[ \t]*>[ \t]?", "", text, flags=re.M)  # a quote's paragraphs are paragraphs
     return re.sub(r"https?://\S+", "X", text)
 
 
