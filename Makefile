@@ -15,6 +15,8 @@ CONSTRAINTS := requirements/constraints-py$(word 3,$(PICKED)).txt
 else
 PYTHON_ERROR := $(or $(wordlist 2,1000,$(PICKED)),requirements/find-python failed)
 endif
+# Extra pip arguments for the install, e.g. `make setup PIP_ARGS="--find-links ~/wheels"`.
+PIP_ARGS ?=
 # Extra pytest arguments, e.g. `make test PYTEST_ARGS="-k reductions -x"`.
 PYTEST_ARGS ?=
 # Extra JupyterLab arguments, e.g. `make lab LAB_ARGS="--port 8899 --no-browser"`.
@@ -29,7 +31,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml $(CONSTRAINTS) $(if $(PYTHON_ERROR),FORCE)
 	$(if $(PYTHON_ERROR),$(error $(PYTHON_ERROR)))
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet -c $(CONSTRAINTS) -e '.[test]'
+	$(PY) -m pip install --quiet $(PIP_ARGS) -c $(CONSTRAINTS) -e '.[test]'
 	@touch $(STAMP)
 
 # As root (a container, say) JupyterLab refuses to start without --allow-root.
