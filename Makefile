@@ -1,25 +1,37 @@
 # shmlab: two commands do everything.
 #   make lab   - create .venv if needed, install shmlab with its pinned dependencies, open JupyterLab
 #   make test  - the same set-up, then lint and the whole test suite (notebooks included)
-PYTHON ?= python3
+# The Python minor versions shmlab is tested on; requirements/ holds one constraints file each.
+PYTHONS := 3.10 3.11 3.12 3.13
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.shmlab-installed
-CONSTRAINTS := requirements/constraints.txt
+# The interpreter: the venv's own once it exists; else PYTHON=... if given; else the newest
+# python3 / python3.N on PATH among $(PYTHONS). Its minor version picks the constraints file.
+PICKED := $(shell sh requirements/find-python '$(PY)' '$(PYTHON)' $(PYTHONS))
+ifeq ($(firstword $(PICKED)),ok)
+PYTHON ?= $(word 2,$(PICKED))
+CONSTRAINTS := requirements/constraints-py$(word 3,$(PICKED)).txt
+else
+PYTHON_ERROR := $(or $(wordlist 2,1000,$(PICKED)),requirements/find-python failed)
+endif
+# Extra pip arguments for the install, e.g. `make setup PIP_ARGS="--find-links ~/wheels"`.
+PIP_ARGS ?=
 # Extra pytest arguments, e.g. `make test PYTEST_ARGS="-k reductions -x"`.
 PYTEST_ARGS ?=
 # Extra JupyterLab arguments, e.g. `make lab LAB_ARGS="--port 8899 --no-browser"`.
 LAB_ARGS ?=
 
-.PHONY: lab test lint setup bench clean release-labs
+.PHONY: lab test test-pythons lint setup bench clean release-labs lock FORCE
 
 setup: $(STAMP)
 
 # Re-installs only when the package metadata or the pins change, so a second `make` is fast.
-$(STAMP): pyproject.toml $(CONSTRAINTS)
-	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "shmlab needs Python 3.10 or newer; set PYTHON=/path/to/python3.x")'
+# With no usable interpreter it stops with one line saying why (found, needed, PYTHON=...).
+$(STAMP): pyproject.toml $(CONSTRAINTS) $(if $(PYTHON_ERROR),FORCE)
+	$(if $(PYTHON_ERROR),$(error $(PYTHON_ERROR)))
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet -c $(CONSTRAINTS) -e '.[test]'
+	$(PY) -m pip install --quiet $(PIP_ARGS) -c $(CONSTRAINTS) -e '.[test]'
 	@touch $(STAMP)
 
 # As root (a container, say) JupyterLab refuses to start without --allow-root.
@@ -36,8 +48,31 @@ lint: setup
 test: setup lint
 	$(PY) -m pytest $(PYTEST_ARGS)
 
+# Install and smoke-test on every supported Python found here (tests/test_pythons.py; long).
+test-pythons: setup
+	SHMLAB_TEST_PYTHONS=1 $(PY) -m pytest tests/test_pythons.py $(PYTEST_ARGS)
+
 bench: setup
 	$(PY) -m shmlab.bench handoff
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
+
+# Re-resolve every constraints file from pyproject.toml (network: PyPI), each as close to the
+# reference set as its Python allows: requirements/lock.py says how. `make lock LOCK_ARGS=--upgrade`
+# moves to the newest releases up to LOCK_DATE (raise it to take newer ones).
+LOCK_REF   := 3.11
+LOCK_DATE  ?= 2026-12-01
+LOCK_ARGS  ?=
+LOCK_VENV  ?= .lock-venv
+UV_VERSION := 0.13.9
+
+$(LOCK_VENV)/.installed: Makefile
+	$(if $(PYTHON_ERROR),$(error $(PYTHON_ERROR)))
+	@test -x $(LOCK_VENV)/bin/python || $(PYTHON) -m venv $(LOCK_VENV)
+	$(LOCK_VENV)/bin/python -m pip install --quiet uv==$(UV_VERSION) packaging==26.4
+	@touch $@
+
+lock: $(LOCK_VENV)/.installed
+	$(LOCK_VENV)/bin/python requirements/lock.py --uv $(LOCK_VENV)/bin/uv \
+	  --reference $(LOCK_REF) --exclude-newer $(LOCK_DATE) $(LOCK_ARGS) $(PYTHONS)

@@ -1,4 +1,4 @@
-"""pyproject.toml, requirements/constraints.txt and environment.yml agree with each other."""
+"""pyproject.toml, requirements/constraints-py3.*.txt, the Makefile and environment.yml agree."""
 
 from __future__ import annotations
 
@@ -36,16 +36,43 @@ def extra_test_requirements() -> list[Requirement]:
     return [Requirement(r) for r in pyproject()["project"]["optional-dependencies"]["test"]]
 
 
-def constraints() -> dict[str, Version]:
-    pins = {}
-    for line in (REPO / "requirements" / "constraints.txt").read_text().splitlines():
+def constraint_files() -> dict[str, Path]:
+    """Python minor version ('3.11') -> its constraints file."""
+    files = sorted((REPO / "requirements").glob("constraints-py3.*.txt"))
+    return {f.name.removeprefix("constraints-py").removesuffix(".txt"): f for f in files}
+
+
+def pinned_lines(minor: str) -> list[Requirement]:
+    """Every line of `minor`'s file, markers kept (a package may have one line per branch)."""
+    reqs = []
+    for line in constraint_files()[minor].read_text().splitlines():
         line = line.split("#", 1)[0].strip()
         if not line:
             continue
-        name, sep, version = line.partition("==")
-        assert sep, f"constraints.txt: {line!r} is not an exact `name==version` pin"
-        pins[canonicalize_name(name)] = Version(version.strip())
+        req = Requirement(line)
+        assert len(req.specifier) == 1 and next(iter(req.specifier)).operator == "==", (
+            f"constraints-py{minor}.txt: {line!r} is not an exact `name==version` pin"
+        )
+        reqs.append(req)
+    return reqs
+
+
+def constraints(minor: str | None = None) -> dict[str, Version]:
+    """The pins that apply on this interpreter (its markers evaluated), or on `minor`'s x.y.99."""
+    env = None if minor is None else {"python_version": minor, "python_full_version": minor + ".99"}
+    minor = minor or "{}.{}".format(*sys.version_info[:2])
+    pins = {}
+    for req in pinned_lines(minor):
+        if req.marker is None or req.marker.evaluate(env):
+            name = canonicalize_name(req.name)
+            assert name not in pins, f"constraints-py{minor}.txt pins {req.name} twice here"
+            pins[name] = Version(next(iter(req.specifier)).version)
     return pins
+
+
+def makefile_pythons() -> list[str]:
+    text = (REPO / "Makefile").read_text()
+    return re.search(r"^PYTHONS\s*:=\s*(.*)$", text, re.M).group(1).split()
 
 
 def environment() -> dict:
@@ -92,8 +119,8 @@ def test_environment_yml_installs_shmlab_itself_from_conda_forge():
 
 
 def test_environment_yml_pins_match_the_tested_versions():
-    """`name=X.Y.*` in environment.yml agrees with the exact pin in constraints.txt."""
-    pins = constraints()
+    """`name=X.Y.*` in environment.yml agrees with the exact pin for its Python."""
+    pins = constraints(conda_specs()["python"].rstrip("*").rstrip("."))
     for name, spec in conda_specs().items():
         if name in CONDA_ONLY or not spec:
             continue
@@ -109,17 +136,49 @@ def test_environment_yml_python_is_allowed_by_pyproject():
     assert Version(python) in requires, f"python={python} vs requires-python {requires}"
 
 
+@pytest.mark.parametrize("minor", sorted(constraint_files()))
 @pytest.mark.parametrize("which", ["runtime", "test"])
-def test_constraints_pin_every_dependency_within_its_range(which):
-    pins = constraints()
+def test_constraints_pin_every_dependency_within_its_range(which, minor):
+    pins = constraints(minor)
     reqs = runtime_requirements() if which == "runtime" else extra_test_requirements()
     for req in reqs:
         name = canonicalize_name(req.name)
-        assert name in pins, f"constraints.txt does not pin {req.name}"
+        assert name in pins, f"constraints-py{minor}.txt does not pin {req.name}"
         # The CPU wheel's local label (`2.13.0+cpu`) is not part of the pin.
         assert req.specifier.contains(pins[name], prereleases=True), (
-            f"constraints.txt pins {req.name}=={pins[name]}, outside pyproject's {req}"
+            f"constraints-py{minor}.txt pins {req.name}=={pins[name]}, outside pyproject's {req}"
         )
+
+
+def test_one_constraints_file_per_supported_python():
+    """The Makefile's PYTHONS, the files `make lock` writes and requires-python agree."""
+    assert sorted(constraint_files(), key=Version) == makefile_pythons()
+    requires = SpecifierSet(pyproject()["project"]["requires-python"])
+    for minor in makefile_pythons():
+        assert Version(minor) in requires, f"Python {minor} vs requires-python {requires}"
+    first, last = makefile_pythons()[0], makefile_pythons()[-1]
+    assert f"Python {first} to {last}" in (REPO / "README.md").read_text(), (
+        "the README should state the tested range"
+    )
+    assert not (REPO / "requirements" / "constraints.txt").exists(), "one file per Python"
+
+
+def test_same_torch_everywhere():
+    """One torch release on every supported Python, so the notebooks teach one version."""
+    versions = {minor: constraints(minor)["torch"] for minor in constraint_files()}
+    assert len(set(versions.values())) == 1, versions
+
+
+def test_reference_set_holds_on_older_patch_levels():
+    """A pin that needs a later patch release has a fallback line (Debian 12's 3.11.2)."""
+    for minor in constraint_files():
+        env = {"python_version": minor, "python_full_version": minor + ".0"}
+        names = {canonicalize_name(r.name) for r in pinned_lines(minor)
+                 if r.marker is None or r.marker.evaluate(env)}
+        for req in runtime_requirements() + extra_test_requirements():
+            assert canonicalize_name(req.name) in names, (
+                f"constraints-py{minor}.txt has no pin of {req.name} for Python {minor}.0"
+            )
 
 
 def test_constraints_agree_with_what_is_installed():
@@ -133,10 +192,10 @@ def test_constraints_agree_with_what_is_installed():
         try:
             installed = Version(version(name))
         except PackageNotFoundError:
-            continue  # platform-specific pins (e.g. greenlet) need not be installed
+            continue  # platform-specific pins (e.g. greenlet, the CUDA build's) need not be
         if Version(installed.public) != pinned:
             wrong.append(f"{name}: pinned {pinned}, installed {installed}")
-    assert not wrong, "re-run `make setup` or update constraints.txt:\n" + "\n".join(wrong)
+    assert not wrong, "re-run `make setup` or `make lock`:\n" + "\n".join(wrong)
 
 
 def test_pyproject_is_consistent():

@@ -174,9 +174,14 @@ def test_probe_gives_what_introspect_snapshot_gives():
     from shmlab.widgets._probe import Prober
 
     probe = Prober()
-    ours, theirs = probe(), introspect.snapshot()
+
+    def both():  # an earlier test's child may still be exiting between the two reads
+        ours, theirs = probe(), introspect.snapshot()
+        return set(ours.fds) == set(theirs.fds) and (ours, theirs)
+
     # The same family (this process, plus multiprocessing's long-lived helpers -- forkserver,
     # resource tracker -- when earlier tests in the session started them).
-    assert set(ours.fds) == set(theirs.fds) and os.getpid() in ours.fds
+    ours, theirs = wait_for(both, 5.0, "the probe and snapshot() to see the same family")
+    assert os.getpid() in ours.fds
     assert ours.limits == theirs.limits and type(ours.segments) is type(theirs.segments)
     assert probe().managers is ours.managers  # cached for a second

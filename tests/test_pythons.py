@@ -1,0 +1,301 @@
+"""shmlab installs and runs on every supported Python found on this machine (issue 18).
+
+For each interpreter of the Makefile's PYTHONS that is here (pyenv's versions, `python3.N` on
+PATH, `/usr/bin/python3` — or exactly the ones in SHMLAB_PYTHONS, separated by `:`), one test
+runs `make setup PYTHON=<it> VENV=<throwaway>` as a learner would, then a smoke set in that venv:
+import, the pins are what got installed, one torch-vs-shmlab parity test per sharing strategy,
+`python -m shmlab.labs grade` on a lab's instructor copy (full marks), 00_start_here headless, the
+version-specific facts the notebooks teach, and pip's choice of the CPU torch build when a CPU
+index sits beside PyPI. Interpreters that are not here are skipped with the reason; with CI=true
+at least three must run.
+
+The machine's proxy sends no caching headers, so pip's HTTP cache stores nothing: downloads are
+kept in a wheelhouse instead (SHMLAB_WHEELHOUSE, default ~/.cache/shmlab-wheelhouse; `off` to
+go to the network every time), filled by the interpreter's own `pip download` and handed to
+`make setup` as `PIP_ARGS=--find-links`. Each test prints its install and smoke times.
+
+Not part of a plain `make test` yet: it builds five venvs (three with the CUDA build of torch,
+about 5 GB each) and took 45 min on a loaded 2-core machine. `make test-pythons` runs it
+(SHMLAB_TEST_PYTHONS=1); every other test skips it with that reason.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import shutil
+import subprocess
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+from support.nbutil import REPO
+from packaging.version import Version
+from test_packaging import constraints, makefile_pythons, pinned_lines
+
+SUPPORTED = makefile_pythons()
+if not os.environ.get("SHMLAB_TEST_PYTHONS"):
+    pytest.skip("installs on every supported Python (25-45 min): run `make test-pythons`",
+                allow_module_level=True)
+MIN_UNDER_CI = 3
+PYENV_ROOT = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv"))
+WHEELHOUSE = os.environ.get("SHMLAB_WHEELHOUSE", str(Path.home() / ".cache/shmlab-wheelhouse"))
+INSTALL_TIMEOUT = 1800  # a cold CUDA-build install on 2 busy cores took 341 s
+SMOKE_TIMEOUT = 600
+SMOKE_TESTS = [
+    "tests/test_packaging.py::test_constraints_agree_with_what_is_installed",
+    # one parity test per sharing strategy
+    "tests/test_parity.py::test_fd_strategy_leaves_dev_shm_empty_like_torch",
+    "tests/test_file_system.py::test_segment_layout_refcounts_and_the_last_closer_unlinks_like_torch",
+    # one notebook headless, and the kernel it ran in is the venv's
+    "tests/test_notebooks.py::test_notebook_runs_headless[notebooks/00_start_here.ipynb]",
+    "tests/test_notebooks.py::test_start_here_reports_every_check",
+    "tests/test_notebooks.py::test_kernel_is_this_interpreter",
+]
+LAB = "labs/source/lab1_reducers.ipynb"
+# What the notebooks teach that depends on the Python version, asked of the interpreter itself.
+PROBE = r"""
+import inspect, json, mmap, multiprocessing, os, sys, threading, warnings
+import multiprocessing.forkserver, multiprocessing.resource_tracker, multiprocessing.shared_memory
+import torch, torch.multiprocessing
+import shmlab
+
+facts = {
+    "python": sys.version.split()[0], "prefix": sys.prefix,
+    "torch": torch.__version__, "cuda_build": torch.version.cuda, "shmlab": shmlab.__version__,
+    "start_method": multiprocessing.get_start_method(),
+    "sharing_strategy": torch.multiprocessing.get_sharing_strategy(),
+    "sharing_strategies": sorted(torch.multiprocessing.get_all_sharing_strategies()),
+    "shared_memory_track": "track" in inspect.signature(
+        multiprocessing.shared_memory.SharedMemory).parameters,
+    "resource_tracker_pid": hasattr(multiprocessing.resource_tracker._resource_tracker, "_pid"),
+    "forkserver_pid": hasattr(multiprocessing.forkserver._forkserver, "_forkserver_pid"),
+}
+try:
+    mmap.mmap(-1, 4096, trackfd=False).close()
+    facts["mmap_trackfd"] = True
+except TypeError:
+    facts["mmap_trackfd"] = False
+stop = threading.Event()
+thread = threading.Thread(target=stop.wait)
+thread.start()
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+stop.set()
+thread.join()
+facts["fork_warns_when_threaded"] = any(
+    issubclass(w.category, DeprecationWarning) and "fork" in str(w.message) for w in caught)
+print(json.dumps(facts))
+"""
+
+
+def _ask(python: str) -> tuple[str, str] | None:
+    """(full version, real path of the interpreter) or None if it does not run."""
+    try:
+        out = subprocess.run(
+            [python, "-c", "import os, sys; print('%d.%d.%d' % sys.version_info[:3]);"
+                           "print(os.path.realpath(sys.executable))"],
+            capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0 or len(out.stdout.split()) != 2:
+        return None  # e.g. a pyenv shim of a version that is not selected
+    version, real = out.stdout.split()
+    return version, real
+
+
+def find_interpreters() -> dict[str, list[tuple[str, str]]]:
+    """Supported minor -> [(path, full version)], one entry per distinct interpreter."""
+    if os.environ.get("SHMLAB_PYTHONS"):
+        paths = os.environ["SHMLAB_PYTHONS"].split(":")
+    else:
+        paths = []
+        for minor in SUPPORTED:
+            paths += sorted(glob.glob(str(PYENV_ROOT / "versions" / f"{minor}.*" / "bin" /
+                                          f"python{minor}")))
+            paths += [shutil.which(f"python{minor}"), f"/usr/bin/python{minor}"]
+        paths += [shutil.which("python3"), "/usr/bin/python3"]
+    found: dict[str, list[tuple[str, str]]] = {minor: [] for minor in SUPPORTED}
+    seen = set()
+    shims = str(PYENV_ROOT / "shims")
+    for path in filter(None, paths):
+        if path.startswith(shims) and not os.environ.get("SHMLAB_PYTHONS"):
+            continue  # slow to start; pyenv's versions are listed directly above
+        answer = _ask(path)
+        if answer is None or answer[1] in seen:
+            continue
+        seen.add(answer[1])
+        version, _ = answer
+        minor = version.rsplit(".", 1)[0]
+        if minor in found:
+            found[minor].append((path, version))
+    return found
+
+
+FOUND = find_interpreters()
+
+
+def _params():
+    for minor, interpreters in FOUND.items():
+        if not interpreters:
+            where = ("SHMLAB_PYTHONS" if os.environ.get("SHMLAB_PYTHONS") else
+                     f"{PYENV_ROOT}/versions, python{minor} on PATH, /usr/bin")
+            yield pytest.param(None, None, id=f"{minor}-absent", marks=pytest.mark.skip(
+                reason=f"no Python {minor} on this machine (looked in {where})"))
+        for path, version in interpreters:
+            kind = "system" if path.startswith(("/usr/", "/bin/")) else "pyenv" if (
+                str(PYENV_ROOT) in path) else "other"
+            yield pytest.param(path, version, id=f"{version}-{kind}")
+
+
+def _env() -> dict[str, str]:
+    """The caller's environment, less what would leak an outer make, venv or checkout in."""
+    drop = {"MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES", "VIRTUAL_ENV", "PYTHONPATH",
+            "PYTHONHOME", "PYTHON", "VENV"}
+    return {k: v for k, v in os.environ.items() if k not in drop}
+
+
+def _run(cmd, timeout, env=None, **kwargs) -> subprocess.CompletedProcess:
+    out = subprocess.run(cmd, cwd=REPO, env=env or _env(), capture_output=True, text=True,
+                         timeout=timeout, **kwargs)
+    assert out.returncode == 0, (
+        f"{' '.join(map(str, cmd))} exited {out.returncode}:\n{out.stdout[-4000:]}\n"
+        f"{out.stderr[-4000:]}")
+    return out
+
+
+def _fake_torch_wheel(folder: Path, version: str) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    info = f"torch-{version}.dist-info"
+    with zipfile.ZipFile(folder / f"torch-{version}-py3-none-any.whl", "w") as whl:
+        whl.writestr(f"{info}/METADATA",
+                     f"Metadata-Version: 2.1\nName: torch\nVersion: {version}\n")
+        whl.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: shmlab-tests\n"
+                                      "Root-Is-Purelib: true\nTag: py3-none-any\n")
+        whl.writestr(f"{info}/RECORD", "")
+    name = f"torch-{version}-py3-none-any.whl"
+    (folder / "index.html").write_text(f'<html><body><a href="{name}">{name}</a></body></html>\n')
+
+
+def pip_picks_cpu_torch(python: Path, pins: Path, torch: str, tmp: Path) -> str:
+    """The torch version this pip installs with these pins from PyPI plus a CPU index.
+
+    Two local indexes stand in for the two the README's advice combines: the default index with
+    the public `torch-X` (PyPI's, the CUDA build) and PIP_EXTRA_INDEX_URL with `torch-X+cpu`.
+    """
+    _fake_torch_wheel(tmp / "pypi" / "torch", torch)
+    _fake_torch_wheel(tmp / "cpu" / "torch", f"{torch}+cpu")
+    env = {k: v for k, v in _env().items() if not k.startswith("PIP_")}
+    env.update(PIP_CONFIG_FILE=os.devnull, PIP_INDEX_URL=(tmp / "pypi").as_uri(),
+               PIP_EXTRA_INDEX_URL=(tmp / "cpu").as_uri(), PIP_DISABLE_PIP_VERSION_CHECK="1")
+    report = tmp / "report.json"
+    _run([python, "-m", "pip", "install", "--dry-run", "--quiet", "--ignore-installed",
+          "--no-deps", "--report", report, "-c", pins, "torch"], timeout=120, env=env)
+    (install,) = json.loads(report.read_text())["install"]
+    return install["metadata"]["version"]
+
+
+def _big_pins(minor: str, version: str) -> tuple[str, list[str]]:
+    """torch's pin, and the pins of the CUDA build's own packages, for this interpreter."""
+    env = {"python_version": minor, "python_full_version": version}
+    pins = [f"{r.name}=={next(iter(r.specifier)).version}" for r in pinned_lines(minor)
+            if r.marker is None or r.marker.evaluate(env)]
+    torch = next(p for p in pins if p.startswith("torch=="))
+    cuda = [p for p in pins if p.startswith(("nvidia-", "cuda-", "triton=="))]
+    return torch, cuda
+
+
+def _fill_wheelhouse(python: str, minor: str, version: str) -> float:
+    """Keep torch's wheel (and, for the CUDA build, its NVIDIA wheels: 3 GB) in the wheelhouse.
+
+    Only these, fetched with --no-deps so pip resolves nothing: a full `pip download` of the
+    project costs as long as the install's own resolution. Returns the seconds taken.
+    """
+    if WHEELHOUSE == "off":
+        return 0.0
+    started = time.monotonic()
+    if subprocess.run([python, "-m", "pip", "--version"], capture_output=True,
+                      timeout=60).returncode != 0:
+        return 0.0  # a system Python without pip: make setup downloads on its own
+    Path(WHEELHOUSE).mkdir(parents=True, exist_ok=True)
+    torch, cuda = _big_pins(minor, version)
+    fetch = [python, "-m", "pip", "download", "--no-deps", "-d", WHEELHOUSE,
+             "--find-links", WHEELHOUSE]
+    got = _run([*fetch, torch], timeout=INSTALL_TIMEOUT).stdout
+    if "+cpu" not in got:  # the CUDA build (no CPU index here for this Python)
+        _run([*fetch, *cuda], timeout=INSTALL_TIMEOUT)
+    return time.monotonic() - started
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(INSTALL_TIMEOUT + SMOKE_TIMEOUT + 300)
+@pytest.mark.parametrize("python, version", list(_params()))
+def test_installs_and_runs(python, version, tmp_path_factory, capsys):
+    minor = version.rsplit(".", 1)[0]
+    pins = REPO / "requirements" / f"constraints-py{minor}.txt"
+    venv = tmp_path_factory.mktemp(f"venv{minor}")
+    shutil.rmtree(venv)  # make setup creates it, as on a learner's machine
+    try:
+        started = time.monotonic()
+        download = _fill_wheelhouse(python, minor, version)
+        make = ["make", "setup", f"PYTHON={python}", f"VENV={venv}"]
+        if WHEELHOUSE != "off":
+            make.append(f"PIP_ARGS=--find-links {WHEELHOUSE}")
+        _run(make, timeout=INSTALL_TIMEOUT)
+        install = time.monotonic() - started
+
+        started = time.monotonic()
+        vpy = venv / "bin" / "python"
+        facts = json.loads(_run([vpy, "-c", PROBE], timeout=120).stdout)
+        _run([vpy, "-m", "pytest", "-p", "no:cacheprovider", "-q", *SMOKE_TESTS],
+             timeout=SMOKE_TIMEOUT)
+        graded = _run([vpy, "-m", "shmlab.labs", "grade", "--json", LAB], timeout=SMOKE_TIMEOUT)
+        (row,) = json.loads(graded.stdout)
+        cpu_pick = pip_picks_cpu_torch(vpy, pins, str(constraints(minor)["torch"]),
+                                       tmp_path_factory.mktemp(f"cpuindex{minor}"))
+        smoke = time.monotonic() - started
+    finally:
+        shutil.rmtree(venv, ignore_errors=True)  # a CUDA-build venv is 5 GB
+
+    with capsys.disabled():
+        build = f"CUDA {facts['cuda_build']}" if facts["cuda_build"] else "CPU"
+        print(f"\n[pythons] {version} ({python}): install {install:.0f} s (wheelhouse download "
+              f"{download:.0f} s), smoke {smoke:.0f} s; torch {facts['torch']} ({build} build); "
+              f"start method {facts['start_method']!r}; fork warns with threads: "
+              f"{facts['fork_warns_when_threaded']}; mmap trackfd: {facts['mmap_trackfd']}; "
+              f"SharedMemory(track=): {facts['shared_memory_track']}")
+
+    py = tuple(int(x) for x in version.split(".")[:2])
+    assert facts["python"] == version and Path(facts["prefix"]) == venv
+    assert Version(facts["torch"]).public == str(constraints(minor)["torch"])
+    assert row["score"] == row["max_score"] > 0, row
+    assert cpu_pick == f"{constraints(minor)['torch']}+cpu", (
+        f"with the CPU index beside PyPI this pip took torch {cpu_pick}, not the CPU build")
+    # What the notebooks teach, on this interpreter:
+    # 00/01/02/03/06/08: Linux's default start method is fork up to 3.13, forkserver from 3.14.
+    assert facts["start_method"] == ("forkserver" if py >= (3, 14) else "fork"), facts
+    # 03: from Python 3.12 forking a multi-threaded process raises a DeprecationWarning.
+    assert facts["fork_warns_when_threaded"] == (py >= (3, 12)), facts
+    # 02/04: torch's default strategy on Linux is file_descriptor; file_system is the other one.
+    assert facts["sharing_strategy"] == "file_descriptor", facts
+    assert facts["sharing_strategies"] == ["file_descriptor", "file_system"], facts
+    # 03/08/09 read these private attributes to tell multiprocessing's helpers from leaks.
+    assert facts["resource_tracker_pid"] and facts["forkserver_pid"], facts
+    # Python 3.13 added mmap(trackfd=) and SharedMemory(track=).
+    assert facts["mmap_trackfd"] == facts["shared_memory_track"] == (py >= (3, 13)), facts
+
+
+def test_enough_pythons_under_ci():
+    found = {v: p for interpreters in FOUND.values() for p, v in interpreters}
+    if os.environ.get("CI") != "true":
+        pytest.skip(f"not CI; found {len(found)} supported interpreters: {found}")
+    assert len(found) >= MIN_UNDER_CI, (
+        f"CI must install on at least {MIN_UNDER_CI} of Python {', '.join(SUPPORTED)}; "
+        f"found only {found}")
+
