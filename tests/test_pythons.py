@@ -31,8 +31,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from support.nbutil import REPO
 from packaging.version import Version
+from support.nbutil import REPO
 from test_packaging import constraints, makefile_pythons, pinned_lines
 
 SUPPORTED = makefile_pythons()
