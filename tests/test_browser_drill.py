@@ -87,8 +87,9 @@ def test_quiz_reveals_grades_saves_and_shows_progress_after_a_reload(
             assert [s["last"] for s in saved.values()] == ["easy"]
             (graded,) = saved
             question = graded.split("-")[0].upper().replace("BEYOND", "beyond")
-            bar = next(b for b in second["bars"] if b["question"] == question)
-            assert bar["known"] == "1", second["bars"]
+            # the chart is redrawn just after the next card is shown: wait for it
+            second = _wait_for(page, lambda s: any(
+                b["question"] == question and b["known"] == "1" for b in s["bars"]))
             page.locator(".shmlab-drill-lang button", has_text="中文").click()
             zh = _wait_for(page, lambda s: s["question"] != second["question"]  # "both" had Han too
                       and re.search(r"[\u4e00-\u9fff]", s["question"] or ""))

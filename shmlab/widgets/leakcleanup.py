@@ -25,6 +25,7 @@ from ..manager import client as manager_client
 from ._live import CSS, DEFAULT_HZ, LiveView, svg_chart
 
 _QUIET = frozenset({"registered", "freed"})  # shown as counts per tick, not line by line
+WATCH_TIMEOUT_S = 10.0  # longer than a manager's grace (see _watch)
 
 
 class LeakCleanup(LiveView, W.VBox):
@@ -155,10 +156,18 @@ class LeakCleanup(LiveView, W.VBox):
                 t.start()
 
     def _watch(self, path: str) -> None:
-        """Follow one manager until it exits; resubscribe each second to notice a stop()."""
+        """Follow one manager until it exits; resubscribe every WATCH_TIMEOUT_S to notice a
+        stop().
+
+        Why not every second: between the timeout and the new subscription the stream is
+        closed, and a manager that shuts down in that gap takes its log directory with it, so
+        its last events ("reclaimed", "exiting") are lost. A family's death is logged at t and
+        its segments are reclaimed at t + grace (2 s, plus the liveness poll), which is exactly
+        when a 1-second timeout restarted from the last event resubscribes. A timeout longer
+        than the grace keeps the stream open across the whole wait."""
         while not self._halt.is_set():
             try:
-                stream = manager_client.watch(path.encode(), timeout=1.0)
+                stream = manager_client.watch(path.encode(), timeout=WATCH_TIMEOUT_S)
                 # what came before we subscribed, then the stream; tagged with their manager
                 self._inbox.extend({**e, "manager": path} for e in introspect.events(path))
                 for event in stream:
@@ -194,7 +203,7 @@ class LeakCleanup(LiveView, W.VBox):
                           for e in self.manager_events}
 
     def on_stop(self) -> None:
-        self._halt.set()  # watcher threads notice within a second
+        self._halt.set()  # watcher threads notice within WATCH_TIMEOUT_S (daemon threads)
 
     # -- drawing --------------------------------------------------------------------------
     def _note(self, t: float, text: str) -> None:
