@@ -16,6 +16,7 @@ import pytest
 from shmlab import introspect
 from shmlab.demo import notebook
 from shmlab.demo.notebook import Session
+from shmlab.demo.watch import alive
 
 
 def share_under_file_system(names, release):
@@ -38,10 +39,7 @@ def lead_a_group_with_a_sleeper(pids):
 
 
 def _gone(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
+    return not alive(pid)  # a zombie counts as gone
 
 
 @pytest.mark.timeout(120)

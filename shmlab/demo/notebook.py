@@ -27,11 +27,10 @@ import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-import psutil
-
 from shmlab import introspect
 from shmlab.demo.libs import LIBS, load
 from shmlab.demo.show import markdown_table, show_table, show_widget
+from shmlab.demo.watch import alive
 
 __all__ = ["LIBS", "Session", "load", "markdown_table", "our_files", "run_children",
            "show_table", "show_widget", "side_by_side", "training_kernel", "versions"]
@@ -229,7 +228,7 @@ class Session:
         """Live processes of ours: every pid tracked or seen in this kernel's family (orphans
         included), less this kernel, the managers and multiprocessing's own helpers."""
         skip = {os.getpid()} | {m.pid for m in self.our_managers()} | _mp_helpers()
-        return sorted(pid for pid in self.pids - skip if _alive(pid))
+        return sorted(pid for pid in self.pids - skip if alive(pid))
 
     def leftovers(self) -> dict:
         """{"files": [...], "managers": [pid, ...], "children": [pid, ...]} still here."""
@@ -259,13 +258,6 @@ class Session:
         print("left in /dev/shm:", left["files"] or "nothing",
               "| managers left:", left["managers"] or "none",
               "| child processes left:", left["children"] or "none")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 def _mp_helpers() -> set:
