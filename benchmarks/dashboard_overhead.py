@@ -24,7 +24,7 @@ import statistics
 import sys
 import time
 
-from shmlab import bench
+from shmlab.tools import bench
 from shmlab.widgets import Dashboard
 
 MODES = {"without": None, "helper": True, "in-process": False}
