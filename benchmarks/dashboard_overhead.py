@@ -1,36 +1,44 @@
-"""How much a live Dashboard (4 refreshes/s, in-process) slows the handoff benchmark.
+"""How much a live Dashboard (4 refreshes/s) slows the handoff benchmark running beside it.
 
-Runs ``shmlab.bench.handoff`` (sizes up to ``--max-bytes``, default 4 MiB) in this process,
-alternately without and with a ``shmlab.widgets.Dashboard`` refreshing from its daemon thread,
-``--rounds`` times each (A B A B ..., so drift in machine load hits both alike). Prints the
-median wall time of a whole benchmark run each way and their ratio; the target is <= 1.05.
-Also the median per-round-trip ratio over all cases, which is less sensitive to load spikes.
+Runs ``shmlab.bench.handoff`` (sizes up to ``--max-bytes``, default 1 MiB) in this process,
+``--rounds`` times in each of three modes, taking turns (the order rotates every round, so
+drift in machine load hits every mode alike):
 
-    python benchmarks/dashboard_overhead.py [--rounds 5] [--hz 4] [--max-bytes 4194304]
+  without     no dashboard;
+  helper      a Dashboard whose refresh thread asks the probe helper process (the default,
+              widgets/_helper.py, Note [Probing off the timed path]);
+  in-process  a Dashboard probing on its own refresh thread, in this process (as before).
+
+Prints, per mode, the median wall time of a whole run and the per-trip p50 overhead: for
+every size x case, the p50 of its round trips in that mode over the p50 without, then the
+median of those ratios. The target is a per-trip p50 ratio <= 1.05 for ``helper``.
+
+    python benchmarks/dashboard_overhead.py [--rounds 3] [--hz 4] [--max-bytes 1048576]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
 
-from shmlab import bench
+from shmlab.tools import bench
 from shmlab.widgets import Dashboard
 
-CASES = ("shmlab_shared_ms", "torch_shared_ms", "shmlab_fresh_ms", "torch_fresh_ms",
-         "pickle_copy_ms")
+MODES = {"without": None, "helper": True, "in-process": False}
 
 
-def one_run(sizes, scale, hz):
-    """(wall seconds, rows, refreshes done) of one handoff run, with a dashboard if hz."""
-    dash = Dashboard(hz=hz, autostart=False) if hz else None
-    ticks = 0
-    if dash is not None:
+def one_run(sizes, scale, hz, helper):
+    """(wall seconds, rows, refreshes/s) of one handoff run; a dashboard unless helper is None."""
+    dash = None
+    if helper is not None:
+        dash = Dashboard(hz=hz, autostart=False)
+        dash.poller.helper = helper
         dash.start()
-        time.sleep(0.5)  # the first refreshes (imports, caches) are not part of the steady cost
-        ticks = len(dash.fd.history)
+        time.sleep(1.5)  # the helper's start and the first refreshes are not the steady cost
+    ticks = len(dash.fd.history) if dash else 0
     start = time.perf_counter()
     try:
         rows = bench.handoff(sizes, scale)
@@ -38,41 +46,53 @@ def one_run(sizes, scale, hz):
         wall = time.perf_counter() - start
         if dash is not None:
             ticks = len(dash.fd.history) - ticks
+            errors = list(dash.fd.errors)
             dash.close()
-    return wall, rows, ticks
+            if errors:
+                print("  dashboard errors:", errors[-3:])
+    return wall, rows, ticks / wall
+
+
+def _p50s(rows) -> dict:
+    """(size, case) -> p50 ms of that run."""
+    return {(r["bytes"], case): v["p50"] for r in rows for case, v in r.items()
+            if isinstance(v, dict)}
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--hz", type=float, default=4.0)
-    parser.add_argument("--max-bytes", type=int, default=4 << 20)
+    parser.add_argument("--max-bytes", type=int, default=1 << 20)
     parser.add_argument("--scale", type=float, default=1.0, help="bench repeat multiplier")
     args = parser.parse_args(argv)
     sizes = [s for s in bench.SIZES if s <= args.max_bytes]
-    one_run(sizes[:1], 0.2, 0)  # warm-up: imports, first fork, first manager-free shares
-    walls = {"without": [], "with": []}
-    trips = {"without": [], "with": []}
-    rates = []
+    print(f"load before: {os.getloadavg()}", flush=True)
+    one_run(sizes[:1], 0.2, args.hz, None)  # warm-up: imports, first fork, first managers
+    walls = {m: [] for m in MODES}
+    p50s = {m: [] for m in MODES}
+    rates = {m: [] for m in MODES}
+    names = list(MODES)
     for i in range(args.rounds):
-        for label, hz in (("without", 0), ("with", args.hz))[:: 1 if i % 2 == 0 else -1]:
-            wall, rows, ticks = one_run(sizes, args.scale, hz)
-            walls[label].append(wall)
-            trips[label].append({(r["bytes"], c): r[c] for r in rows for c in CASES})
-            if hz:
-                rates.append(ticks / wall)
-            print(f"round {i + 1} {label:>7} dashboard: {wall:7.3f} s", flush=True)
-    med = {k: statistics.median(v) for k, v in walls.items()}
-    keys = trips["without"][0].keys()
-    per_case = [statistics.median(t[k] for t in trips["with"])
-                / statistics.median(t[k] for t in trips["without"]) for k in keys]
-    print(f"\nhandoff sizes: {', '.join(bench._label(s) for s in sizes)}; rounds: {args.rounds}")
-    print(f"median wall time without dashboard: {med['without']:.3f} s")
-    print(f"median wall time with dashboard:    {med['with']:.3f} s "
-          f"({statistics.median(rates):.2f} refreshes/s achieved, asked {args.hz:g})")
-    print(f"ratio with/without (wall):          {med['with'] / med['without']:.3f}")
-    print(f"median per-round-trip ratio:        {statistics.median(per_case):.3f} "
-          f"over {len(per_case)} size x case medians")
+        for mode in names[i % 3:] + names[:i % 3]:
+            wall, rows, rate = one_run(sizes, args.scale, args.hz, MODES[mode])
+            walls[mode].append(wall)
+            p50s[mode].append(_p50s(rows))
+            rates[mode].append(rate)
+            print(f"round {i + 1} {mode:>10}: {wall:7.3f} s, {rate:.2f} refreshes/s", flush=True)
+    keys = p50s["without"][0].keys()
+    base = {k: statistics.median(run[k] for run in p50s["without"]) for k in keys}
+    print(f"\nhandoff sizes: {', '.join(bench._label(s) for s in sizes)}; rounds: {args.rounds};"
+          f" dashboard at {args.hz:g} Hz; load after: {os.getloadavg()}")
+    print(f"{'mode':>10} {'wall s':>8} {'wall ratio':>10} {'per-trip p50 ratio':>19} "
+          f"{'refreshes/s':>12}")
+    for mode in MODES:
+        ratios = [statistics.median(run[k] for run in p50s[mode]) / base[k] for k in keys]
+        print(f"{mode:>10} {statistics.median(walls[mode]):8.3f} "
+              f"{statistics.median(walls[mode]) / statistics.median(walls['without']):10.3f} "
+              f"{statistics.median(ratios):19.3f} {statistics.median(rates[mode]):12.2f}")
+    print(f"(per-trip p50 ratio: median over {len(keys)} size x case p50s, each the median of "
+          "the rounds' p50s in that mode over the same without)")
     return 0
 
 

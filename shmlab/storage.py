@@ -32,8 +32,12 @@ from .manager.client import get_client
 # from the feeder thread, is in shmlab.manager.client._start_manager.
 
 
-def _release(kind: str, fd: int, name: str | None, manager: bytes | None, pid: int) -> None:
+def _release(kind: str, fd: int, name: str | None, manager: bytes | None, pid: int,
+             held=None) -> None:
     """Free what a shared storage holds; runs once, when the storage is collected.
+
+    ``held``: the file_system mapping, so the count is updated through it (refcounted.py,
+    Note [The fast path: update the count through the mapping we hold]).
 
     Note [Who releases after fork]
     A fork child inherits this finalizer with the storage. Closing the child's copy of an fd
@@ -45,7 +49,7 @@ def _release(kind: str, fd: int, name: str | None, manager: bytes | None, pid: i
         os.close(fd)  # the storage owned this fd; the mapping itself goes with its last view
     elif kind == FILE_SYSTEM and os.getpid() == pid:
         try:
-            _shm.decref(name)  # the last holder unlinks the name
+            _shm.decref(name, held)  # the last holder unlinks the name
         except (OSError, ValueError) as exc:
             # An exception escaping a finalizer only prints "Exception ignored in ...".
             # Say what happened instead, and keep the manager's registration: when this
@@ -72,6 +76,7 @@ class UntypedStorage:
         self._fd = -1  # file_descriptor: the fd this storage owns
         self._name: str | None = None  # file_system: "/shmlab_<pid>_<rand>_<n>"
         self._manager: bytes | None = None  # file_system: the manager's socket path
+        self._held = None  # file_system: our mapping of the segment (counts go through it)
         self._finalizer: weakref.finalize | None = None
 
     @classmethod
@@ -114,11 +119,13 @@ class UntypedStorage:
                 self._share_fd_cpu_()
         return self
 
-    def _adopt(self, data, kind, fd=-1, name=None, manager=None) -> None:
+    def _adopt(self, data, kind, fd=-1, name=None, manager=None, held=None) -> None:
         """Swap our bytes for shared ones (same object, new memory); free the old share."""
         old = self._finalizer
         self._data, self._kind, self._fd, self._name, self._manager = data, kind, fd, name, manager
-        self._finalizer = weakref.finalize(self, _release, kind, fd, name, manager, os.getpid())
+        self._held = held
+        self._finalizer = weakref.finalize(self, _release, kind, fd, name, manager, os.getpid(),
+                                           held)
         if old is not None:
             old()  # e.g. an fd-shared storage re-shared by name drops its fd now
 
@@ -155,7 +162,7 @@ class UntypedStorage:
                 client.free(name.lstrip("/"))
                 raise
             data = np.frombuffer(mapping.buffer(_shm.HEADER_SIZE), np.uint8)
-            self._adopt(data, FILE_SYSTEM, name=name, manager=client.handle)
+            self._adopt(data, FILE_SYSTEM, name=name, manager=client.handle, held=mapping)
         return self._manager, self._name.encode(), self.nbytes()
 
     @classmethod
@@ -170,19 +177,19 @@ class UntypedStorage:
             client.free(name_s.lstrip("/"))
             raise
         self = cls._wrap(np.frombuffer(mapping.buffer(_shm.HEADER_SIZE), np.uint8))
-        self._adopt(self._data, FILE_SYSTEM, name=name_s, manager=client.handle)
+        self._adopt(self._data, FILE_SYSTEM, name=name_s, manager=client.handle, held=mapping)
         return self
 
     def _shared_incref(self) -> UntypedStorage:
         """file_system: count one more holder (the sender does this for a message in flight)."""
         if self._kind == FILE_SYSTEM:
-            _shm.incref(self._name)
+            _shm.incref(self._name, self._held)
         return self
 
     def _shared_decref(self) -> UntypedStorage:
         """file_system: count one holder fewer (the receiver releases the in-flight count)."""
         if self._kind == FILE_SYSTEM:
-            _shm.decref(self._name)
+            _shm.decref(self._name, self._held)
         return self
 
     # --- plain pickle (torch.save-like): copies the bytes ---------------------------------

@@ -29,6 +29,7 @@ from collections import deque
 
 import ipywidgets as W
 
+from ._helper import RemoteProber
 from ._probe import Prober
 
 DEFAULT_HZ = 4.0
@@ -77,6 +78,7 @@ class Poller:
             raise ValueError(f"hz must be a positive refresh rate, got {hz!r}")
         self.views, self.period = list(views), 1.0 / hz
         self.probe = Prober()  # introspect.snapshot() with managers/limits cached a while
+        self.helper = True  # the thread probes through a helper process (False: in-process)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -100,29 +102,49 @@ class Poller:
             thread.join(timeout)
         _running.discard(self)
 
-    def tick(self) -> None:
-        """One refresh, on the calling thread; never raises."""
+    def tick(self, probe=None) -> bool:
+        """One refresh, on the calling thread; never raises. False if ``probe`` failed."""
         try:
-            snap = self.probe()
+            snap = (probe or self.probe)()
         except Exception as exc:  # noqa: BLE001 - shown in the widget, never raised
             for view in self.views:
                 view.log_error(exc)
-            return
+            return False
         for view in self.views:
             view.safe_update(snap)
+        return True
+
+    def _remote(self) -> RemoteProber | None:
+        """A helper process that probes for the thread (_helper.py, Note [Probing off the
+        timed path]), or None: in-process, if it cannot start, or if ``probe`` was replaced."""
+        if not self.helper or type(self.probe) is not Prober:
+            return None  # asked not to, or someone (a test) put its own probe in: use that
+        try:
+            return RemoteProber()
+        except Exception as exc:  # noqa: BLE001 - say why, then probe in-process as before
+            for view in self.views:
+                view.log_error(exc)
+            return None
 
     def _run(self) -> None:
-        due = time.monotonic()
-        while not self._stop.is_set():
-            if any(getattr(v, "comm", True) is None for v in self.views):
-                break  # a view was closed (its comm is gone): nothing left to draw on
-            self.tick()
-            due += self.period
-            now = time.monotonic()
-            if due < now:  # a slow tick: skip the missed ones instead of catching up
-                due = now
-            self._stop.wait(due - now)
-        _running.discard(self)
+        remote = self._remote()
+        try:
+            due = time.monotonic()
+            while not self._stop.is_set():
+                if any(getattr(v, "comm", True) is None for v in self.views):
+                    break  # a view was closed (its comm is gone): nothing left to draw on
+                if not self.tick(remote) and remote is not None:
+                    remote.close()  # the helper failed (its error is logged): in-process
+                    remote = None
+                due += self.period
+                now = time.monotonic()
+                if due < now:  # a slow tick: skip the missed ones instead of catching up
+                    due = now
+                self._stop.wait(due - now)
+        finally:
+            if remote is not None:
+                remote.close()
+            _running.discard(self)
 
 
 class LiveView:

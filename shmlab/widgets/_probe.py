@@ -21,8 +21,12 @@ from .. import introspect
 class Prober:
     """Callable: the next ``introspect.Snapshot``, reusing managers/limits while still fresh."""
 
-    def __init__(self, managers_every_s: float = 1.0, limits_every_s: float = 5.0):
+    def __init__(self, managers_every_s: float = 1.0, limits_every_s: float = 5.0,
+                 root: int | None = None, hide: frozenset[int] = frozenset()):
+        # root: whose family to watch (default: this process); hide: pids left out of it,
+        # i.e. the probing helper process itself (_helper.py), which is not the learner's.
         self.every = {"managers": managers_every_s, "limits": limits_every_s}
+        self.root, self.hide = root, hide
         self._cached: dict[str, tuple[float, object]] = {}
         self._family: list[int] = []
 
@@ -35,10 +39,11 @@ class Prober:
 
     def __call__(self) -> introspect.Snapshot:
         table = introspect.process_table()  # one table for the whole tick
-        family = introspect.process_family(table=table)
+        family = [p for p in introspect.process_family(self.root, table=table)
+                  if p not in self.hide]
         changed, self._family = family != self._family, family
         return introspect.snapshot(
             family, table=table,
             managers=self._fresh("managers", lambda: introspect.managers(table=table),
                                  force=changed),
-            limits=self._fresh("limits", introspect.limits))
+            limits=self._fresh("limits", lambda: introspect.limits(self.root)))
