@@ -19,8 +19,8 @@ attach can never revive a segment whose count already reached 0.
 Note [The fast path: update the count through the mapping we hold]
 Measured (strace -c, 1000 x incref+decref+attach+decref): each update cost ~10 syscalls,
 open, fstat x2-3, geteuid, flock, pread, pwrite, flock, close: 43 us an incref or decref
-(p50, load ~6), four updates a round trip. The fast path below: 23 us. A process that holds the segment (its creator, or a receiver that
-attached) already maps the header, so it reads and writes the count as plain memory under
+(p50, load ~6), four updates a round trip. The fast path below: 23 us. A process that holds
+the segment (its creator, or a receiver that attached) already maps the header, so it reads and writes the count as plain memory under
 the lock, and checks only that the name still names *its* file (one fstat: same st_dev and
 st_ino as when it mapped). That is open, fstat, flock, flock, close: 5 syscalls. Options not
 taken, and why:
