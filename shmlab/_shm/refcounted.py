@@ -20,10 +20,10 @@ Note [The fast path: update the count through the mapping we hold]
 Measured (strace -c, 1000 x incref+decref+attach+decref): each update cost ~10 syscalls,
 open, fstat x2-3, geteuid, flock, pread, pwrite, flock, close: 43 us an incref or decref
 (p50, load ~6), four updates a round trip. The fast path below: 23 us. A process that holds
-the segment (its creator, or a receiver that attached) already maps the header, so it reads and writes the count as plain memory under
-the lock, and checks only that the name still names *its* file (one fstat: same st_dev and
-st_ino as when it mapped). That is open, fstat, flock, flock, close: 5 syscalls. Options not
-taken, and why:
+the segment (its creator, or a receiver that attached) already maps the header, so it reads
+and writes the count as plain memory under the lock, and checks only that the name still
+names *its* file (one fstat: same st_dev and st_ino as when it mapped). That is open, fstat,
+flock, flock, close: 5 syscalls. Options not taken, and why:
   * keep the fd open: fastest (flock + memory), but file_system's point is "no fd per
     tensor" (the fd counts the labs and test_file_system assert would change);
   * fcntl byte-range locks: per *process*, so they would not exclude our own threads
