@@ -170,7 +170,8 @@ class UntypedStorage:
         """Receiver: attach to a named segment (+1 on its refcount) and tell its manager."""
         name_s = name.decode() if isinstance(name, bytes) else str(name)
         client = get_client(manager)
-        client.register(name_s.lstrip("/"))
+        # The creator's REGISTER already waited; ours only joins (Note in manager/connection.py).
+        client.register(name_s.lstrip("/"), wait=False)
         try:
             mapping = _shm.attach_refcounted(name_s, size)
         except BaseException:

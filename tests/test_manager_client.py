@@ -90,3 +90,31 @@ def test_killed_manager_leaves_segments_and_the_client_says_what_to_do(fresh_cli
     fresh = mc.get_client()
     assert fresh.handle != old and fresh.status()["segments"] == []
     shutil.rmtree(os.path.dirname(old.decode()))  # a SIGKILLed manager cannot clean its dir
+
+
+@pytest.mark.timeout(30)
+def test_a_receiver_attaches_without_waiting_even_while_the_manager_stalls(fresh_client):
+    # Note [A receiver's REGISTER need not wait]: the creator's REGISTER waited; a receiver's
+    # only joins, so a stalled manager no longer fails a receive (torch's would, after 1 s).
+    import shmlab
+    from shmlab.storage import UntypedStorage
+
+    t = shmlab.tensor([1.0, 2.0, 3.0, 4.0])
+    manager, name, size = t.untyped_storage()._share_filename_cpu_()  # waited for its OK
+    client = mc.get_client()
+    pid = client.status()["pid"]
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        start = time.monotonic()
+        views = [UntypedStorage._new_shared_filename_cpu(manager, name, size) for _ in range(3)]
+        assert time.monotonic() - start < 0.5, "a receive waited for a stalled manager"
+        assert all(v._data.tobytes() == t.untyped_storage()._data.tobytes() for v in views)
+        assert client._owed >= 3  # three answers still to come
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    st = client.status()  # its own JSON, not a late "OK": the owed answers were skipped
+    assert st["segments"] == [name.decode().lstrip("/")] and client._owed == 0
+    for _ in range(2000):  # answers are taken as they come: they never pile up
+        UntypedStorage._new_shared_filename_cpu(manager, name, size)
+    assert client._owed < 100, client._owed
+    del views

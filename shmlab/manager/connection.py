@@ -15,6 +15,7 @@ import os
 import socket
 import threading
 import time
+import warnings
 from collections.abc import Iterator
 
 from .peer import ManagerError, NotAManagerError, check_path, check_peer
@@ -45,6 +46,16 @@ CONNECT_TIMEOUT_S = 5.0  # how long a full listen queue may keep us waiting
 # too, but reads its late "OK" as the next answer (every answer is "OK", so it gets away with
 # it). Only end of file or a reset closes the connection here; close() says BYE first, so
 # the manager knows the difference between "left" and "dropped" (see liveness.py).
+
+# Note [A receiver's REGISTER need not wait]
+# torch's receiver waits for "OK" on every attach; that round trip to a Python daemon (~90 us,
+# more under load) was the largest cost of an already-shared file_system send, and it buys
+# nothing. The creator's REGISTER waited before the name was pickled, so the manager holds the
+# name (FREE drops it only once the file is gone, when the attach fails anyway); a receiver's
+# line only makes this process a member. It cannot be overtaken: one connection's lines are
+# served in order, an open connection alone holds off the reclaim, and lines sent before we
+# die are still served. So `register(name, wait=False)` sends, counts the answer as owed, and
+# takes the answers that have come without waiting; the next request skips the rest.
 
 
 def _gone(handle: bytes, why: object) -> ManagerError:
@@ -116,9 +127,15 @@ class ManagerClient:
     def closed(self) -> bool:
         return self._sock is None
 
-    def register(self, name: str | bytes) -> None:
-        """Tell the manager to reclaim `name` if this process family dies; waits for OK (1 s)."""
-        reply = self._request(f"REGISTER {os.getpid()} {_bare(name)}")
+    def register(self, name: str | bytes, wait: bool = True) -> None:
+        """Tell the manager to reclaim `name` if this process family dies; waits for OK (1 s).
+
+        `wait=False` is for a receiver attaching a name its creator registered already: the
+        line is sent and its OK read later (see Note [A receiver's REGISTER need not wait])."""
+        line = f"REGISTER {os.getpid()} {_bare(name)}"
+        if not wait:
+            return self._post(line)
+        reply = self._request(line)
         if reply != "OK":
             raise ManagerError(f"the manager refused to register {name!r}: {reply}")
 
@@ -192,6 +209,39 @@ class ManagerClient:
             except OSError as exc:  # end of file or reset: the manager is gone
                 self._close_locked()
                 raise _gone(self.handle, exc) from exc
+
+    def _post(self, line: str) -> None:
+        """Send a request whose answer we read later: skipped like a late one (`_owed`)."""
+        with self._lock:
+            if self._sock is None:
+                raise ManagerError("this ManagerClient is closed: get_client(handle) reconnects")
+            try:
+                self._send_locked(line.encode() + b"\n")
+            except OSError as exc:  # as in _request: a half-sent line ends this connection
+                self._close_locked()
+                raise _gone(self.handle, exc) from exc
+            self._owed += 1
+            self._drain_locked()
+
+    def _drain_locked(self) -> None:
+        """Take the answers that have already come, without waiting, so they never pile up."""
+        self._sock.settimeout(0)
+        try:
+            while self._owed:
+                chunk = self._sock.recv(4096)
+                if not chunk:  # the manager is gone; the next request will say so
+                    return
+                self._buf += chunk
+                while self._owed and b"\n" in self._buf:
+                    reply, _, self._buf = self._buf.partition(b"\n")
+                    self._owed -= 1
+                    if reply != b"OK":  # cannot happen for a name its creator registered
+                        warnings.warn(f"the shmlab manager answered {reply!r} to a REGISTER "
+                                      "sent without waiting", RuntimeWarning, stacklevel=4)
+        except (BlockingIOError, InterruptedError):
+            pass  # nothing more has come yet
+        except OSError:
+            pass  # reset: the next request reports the manager as gone
 
     def _send_locked(self, data: bytes) -> None:
         self._sock.settimeout(REPLY_TIMEOUT_S)  # a full socket buffer must not hang us
