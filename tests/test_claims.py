@@ -51,6 +51,12 @@ OWNER = {
     "C12.11": "03_sharing_cuda_tensors.ipynb",
     "C12.12": "04_file_descriptor_strategy.ipynb",
     "C12.13": "04_file_descriptor_strategy.ipynb",
+    "C12.30": "13_inside_share_memory.ipynb",
+    "C12.31": "13_inside_share_memory.ipynb",
+    "C12.32": "13_inside_share_memory.ipynb",
+    "C12.33": "13_inside_share_memory.ipynb",
+    "C12.34": "13_inside_share_memory.ipynb",
+    "C12.35": "13_inside_share_memory.ipynb",
 }
 # The handout's part of docs/CLAIMS.md ends where this heading starts; the rest is ours.
 ADDITIONS_HEADING = "\n## Corrections and additions (issue 12)\n"

@@ -168,6 +168,9 @@ class Holder:
     def ptrs(self, key):  # equal pointers: one shared storage
         return [t.untyped_storage().data_ptr() for t in self.held[key]]
 
+    def shared(self, key):  # notebook 13: is_shared() at this end, and the bytes behind it
+        return [(t.is_shared(), t.untyped_storage().nbytes()) for t in self.held[key]]
+
     def write(self, key, value):
         for t in self.held[key]:
             t.numpy().reshape(-1)[0] = value
@@ -265,6 +268,7 @@ def commands(lib: str, dataq, strategy: str | None = None) -> dict:
     attach         KEY, MANAGER, NAME, SIZE  {"data_ptr", "nbytes"}; maps a file_system
                                              segment by its name alone
     ptrs           KEY                       the data pointer of each tensor of KEY
+    shared         KEY                       (is_shared(), nbytes) of each tensor of KEY
     write          KEY, VALUE                VALUE, written at [0] of each tensor of KEY
     fds            -                         {"total", "shm", "links", "recvfds_calls"}
     =============  ========================  ===============================================
@@ -293,7 +297,7 @@ def commands(lib: str, dataq, strategy: str | None = None) -> dict:
     return {
         "strategy": h.set_strategy, "nofile": h.set_nofile, "make": h.make, "send": h.send,
         "recv": h.recv, "drop": h.drop, "handle": h.handle, "attach": h.attach,
-        "ptrs": h.ptrs, "write": h.write, "fds": h.fds,
+        "ptrs": h.ptrs, "shared": h.shared, "write": h.write, "fds": h.fds,
         "share": h.share, "put": h.put, "get": h.get, "read": h.read, "release": h.release,
         "fork_share": h.fork_share, "limit_fds": h.limit_fds, "reset_manager": h.reset_manager,
         "exit": h.release,
