@@ -51,6 +51,15 @@ OWNER = {
     "C12.11": "03_sharing_cuda_tensors.ipynb",
     "C12.12": "04_file_descriptor_strategy.ipynb",
     "C12.13": "04_file_descriptor_strategy.ipynb",
+    "C12.20": "12_crashes_trackers_and_fds.ipynb",
+    "C12.21": "12_crashes_trackers_and_fds.ipynb",
+    "C12.22": "12_crashes_trackers_and_fds.ipynb",
+    "C12.23": "12_crashes_trackers_and_fds.ipynb",
+    "C12.24": "12_crashes_trackers_and_fds.ipynb",
+    "C12.25": "12_crashes_trackers_and_fds.ipynb",
+    "C12.26": "12_crashes_trackers_and_fds.ipynb",
+    "C12.27": "12_crashes_trackers_and_fds.ipynb",
+    "C12.28": "12_crashes_trackers_and_fds.ipynb",
 }
 # The handout's part of docs/CLAIMS.md ends where this heading starts; the rest is ours.
 ADDITIONS_HEADING = "\n## Corrections and additions (issue 12)\n"

@@ -4,12 +4,17 @@ Notebook 12, claims C12.20 - C12.23. Three cases, each under both strategies, ea
 on shmlab (``CASES``):
 
 * ``consumer dies``: the consumer C received the tensor and holds it; C is SIGKILLed; then the
-  producer P drops its own reference and exits.
+  producer P drops its own reference; then P ends.
 * ``producer dies``: C is at work (it already took a small tensor from P); P puts the tensor
   on the queue (the message is in the pipe) and is SIGKILLed before C takes it; then C takes
-  the message, drops what it got and exits.
+  the message and drops what it got; then C ends.
 * ``never received``: P puts the tensor on the queue and drops it; nobody ever calls ``get``;
-  later P exits.
+  then P ends.
+
+Each scenario ends its last process with SIGKILL *after* that process let go of everything: a
+clean exit would free nothing a kill does not, and a kill makes the end one exact moment to time the
+manager's reclaim from (a clean exit closes the manager socket somewhere during interpreter
+teardown, which on a loaded machine can take longer than the 2 s grace).
 
 ``run(pair, case)`` returns the timeline: a ``look()`` after every action. A look is read from
 the outside, by path, from ``/dev/shm``, the header, ``/proc/<pid>/fd`` and ``/proc/<pid>/maps``
@@ -126,10 +131,16 @@ def _in_flight(pair: Pair) -> float | None:
     return _wait(lambda: _refcount(pair.path) == 2, 10)
 
 
-def _gone(pair: Pair) -> float | None:
-    """Seconds until the segment can no longer be reached: no file, no fd, no mapping."""
-    return _wait(lambda: not os.path.exists(pair.path)
-                 and not any(fds_on(pair.path, pid) for pid in pair.pids))
+def _end(pair: Pair, actor) -> float | None:
+    """SIGKILL the last process (its end is then one exact moment, and it holds no tensor by
+    now, so a clean exit would free nothing a kill does not); seconds from the kill until the
+    segment can no longer be reached: no file, no fd, no mapping."""
+    t0 = time.monotonic()
+    actor.kill()
+    if _wait(lambda: not os.path.exists(pair.path)
+             and not any(fds_on(pair.path, pid) for pid in pair.pids)) is None:
+        return None
+    return round(time.monotonic() - t0, 2)
 
 
 def _make(pair: Pair, numel: int) -> None:
@@ -140,7 +151,7 @@ def _make(pair: Pair, numel: int) -> None:
 
 
 def consumer_dies(pair: Pair, numel: int) -> dict:
-    """C holds the tensor and is SIGKILLed; P drops it, then exits."""
+    """C holds the tensor and is SIGKILLed; P drops it, then ends."""
     _make(pair, numel)
     pair.P("send", "t")
     pair.C("recv", "t", 1)
@@ -149,12 +160,11 @@ def consumer_dies(pair: Pair, numel: int) -> dict:
     look(pair, "C SIGKILLed")
     pair.P("drop", "t")
     look(pair, "P dropped it")
-    pair.P.exit()
-    return {"gone after last exit (s)": _gone(pair)}
+    return {"gone after the last end (s)": _end(pair, pair.P)}
 
 
 def producer_dies(pair: Pair, numel: int) -> dict:
-    """P's message is in the pipe when P is SIGKILLed; C takes it, drops it, exits.
+    """P's message is in the pipe when P is SIGKILLed; C takes it, drops it, ends.
 
     C first receives a small tensor from P, as a consumer that is already at work has: under
     file_system that makes C a client of P's manager, so the manager cannot finish its grace
@@ -178,22 +188,20 @@ def producer_dies(pair: Pair, numel: int) -> dict:
     look(pair, "C took the message")
     pair.C("drop", "t")
     look(pair, "C dropped it")
-    pair.C.exit()
     return {"received": recv["received"], "error": recv["error"],
-            "gone after last exit (s)": _gone(pair)}
+            "gone after the last end (s)": _end(pair, pair.C)}
 
 
 def never_received(pair: Pair, numel: int) -> dict:
-    """P puts the tensor on the queue and drops it; nobody takes it; P exits."""
+    """P puts the tensor on the queue and drops it; nobody takes it; P ends."""
     _make(pair, numel)
-    pair.C.exit()  # C plays no part: nobody will ever call get()
+    pair.C.kill()  # C plays no part: nobody will ever call get()
     pair.P("send", "t")
     _in_flight(pair)
     look(pair, "message in the pipe")
     pair.P("drop", "t")
     look(pair, "P dropped it")
-    pair.P.exit()
-    return {"gone after last exit (s)": _gone(pair)}
+    return {"gone after the last end (s)": _end(pair, pair.P)}
 
 
 RUN = {"consumer dies": consumer_dies, "producer dies": producer_dies,
@@ -202,8 +210,9 @@ RUN = {"consumer dies": consumer_dies, "producer dies": producer_dies,
 
 def run(pair: Pair, case: str, numel: int = 1 << 20) -> dict:
     """Play ``case`` on ``pair`` (a float32 tensor of ``numel``, 4 MiB by default); return
-    {"timeline": [look, ...] with a last look once the segment is gone, "gone after last exit
-    (s)", and for "producer dies" what C's receive got}."""
+    {"timeline": [look, ...] with a last look once the segment is gone, "gone after the last
+    end (s)": from the SIGKILL of the last process, and for "producer dies" what C's receive
+    got}."""
     if case not in RUN:
         raise ValueError(f"case must be one of {CASES}, got {case!r}")
     result = RUN[case](pair, numel)

@@ -62,7 +62,7 @@ def look(pair: Pair, paths: list[str], moment: str) -> dict:
 
 def timeline(pair: Pair, n: int = 4, k: int = 2, numel: int = 1 << 18) -> list[dict]:
     """Share ``n`` tensors in P (1 MiB each), send them all twice, let C take ``k`` messages,
-    then: P drops its tensors, C drops what it got, P exits. The look after C's receive also
+    then: P drops its tensors, C drops what it got, P ends. The look after C's receive also
     says how long P's dups took to close after C had its tensors ("dup closed after (s)")."""
     if not 0 < k <= n:
         raise ValueError(f"need 0 < k <= n, got n={n}, k={k}")
@@ -82,7 +82,7 @@ def timeline(pair: Pair, n: int = 4, k: int = 2, numel: int = 1 << 18) -> list[d
     look(pair, paths, "P dropped its tensors")
     pair.C("drop", "got")
     look(pair, paths, "C dropped them")
-    pair.P.exit()
-    look(pair, paths, "P exited")
-    pair.C.exit()
+    pair.P.kill()  # it holds no tensor now: a clean exit closes the same fds
+    look(pair, paths, "P ended")
+    pair.C.kill()
     return pair.timeline
