@@ -33,8 +33,8 @@ import os
 import time
 from dataclasses import dataclass, field
 
+from .._shm import read_refcount
 from ..introspect import managers, mapped_by, open_fds, process_table
-from ..introspect.segments import _refcount
 
 CASES = ("consumer dies", "producer dies", "never received")
 RECLAIM_WAIT_S = 15.0  # longest we wait for a manager's reclaim on a loaded machine
@@ -77,7 +77,7 @@ def look(pair: Pair, moment: str) -> dict:
     """The segment now: file in /dev/shm?, refcount (file_system), fds and mappings by P and C,
     MiB still allocated (0 once nobody can reach it), and whether P's manager still runs."""
     table = {pid: s for pid, s in process_table().items() if pid in pair.pids}
-    path, name = pair.path, os.path.basename(pair.path)
+    path, name = pair.path, os.path.basename(pair.path)  # (read only: no count is taken)
     fds = {who: fds_on(path, pid) for pid, who in pair.pids.items() if pid in table}
     mappers = [pair.pids[p] for p in mapped_by([path], table=table)[path]]
     file = name in os.listdir("/dev/shm")
@@ -95,6 +95,10 @@ def look(pair: Pair, moment: str) -> dict:
         state["manager alive"] = any(m.pid == pair.manager for m in managers())
     pair.timeline.append(state)
     return state
+
+
+def _refcount(path: str) -> int | None:
+    return read_refcount("/" + os.path.basename(path))
 
 
 def _fds(pid: int) -> list:
