@@ -135,16 +135,20 @@ def _in_flight(pair: Pair) -> float | None:
     return _wait(lambda: _refcount(pair.path) == 2, 10)
 
 
-def _end(pair: Pair, actor) -> float | None:
+def _end(pair: Pair, actor) -> dict:
     """SIGKILL the last process (its end is then one exact moment, and it holds no tensor by
-    now, so a clean exit would free nothing a kill does not); seconds from the kill until the
-    segment can no longer be reached: no file, no fd, no mapping."""
+    now, so a clean exit would free nothing a kill does not); seconds until the segment can no
+    longer be reached (no file, no fd, no mapping), counted from the kill (a lower bound for the
+    manager's grace) and from the reap (an upper bound); None if it is still there."""
     t0 = time.monotonic()
     actor.kill()
+    t1 = time.monotonic()
     if _wait(lambda: not os.path.exists(pair.path)
              and not any(fds_on(pair.path, pid) for pid in pair.pids)) is None:
-        return None
-    return round(time.monotonic() - t0, 2)
+        return dict.fromkeys(("gone after the last end (s)", "gone after the reap (s)"))
+    now = time.monotonic()
+    return {"gone after the last end (s)": round(now - t0, 2),
+            "gone after the reap (s)": round(now - t1, 2)}
 
 
 def _make(pair: Pair, numel: int) -> None:
@@ -164,7 +168,7 @@ def consumer_dies(pair: Pair, numel: int) -> dict:
     look(pair, "C SIGKILLed")
     pair.P("drop", "t")
     look(pair, "P dropped it")
-    return {"gone after the last end (s)": _end(pair, pair.P)}
+    return _end(pair, pair.P)
 
 
 def producer_dies(pair: Pair, numel: int) -> dict:
@@ -192,8 +196,7 @@ def producer_dies(pair: Pair, numel: int) -> dict:
     look(pair, "C took the message")
     pair.C("drop", "t")
     look(pair, "C dropped it")
-    return {"received": recv["received"], "error": recv["error"],
-            "gone after the last end (s)": _end(pair, pair.C)}
+    return {"received": recv["received"], "error": recv["error"], **_end(pair, pair.C)}
 
 
 def never_received(pair: Pair, numel: int) -> dict:
@@ -205,7 +208,7 @@ def never_received(pair: Pair, numel: int) -> dict:
     look(pair, "message in the pipe")
     pair.P("drop", "t")
     look(pair, "P dropped it")
-    return {"gone after the last end (s)": _end(pair, pair.P)}
+    return _end(pair, pair.P)
 
 
 RUN = {"consumer dies": consumer_dies, "producer dies": producer_dies,
@@ -215,14 +218,14 @@ RUN = {"consumer dies": consumer_dies, "producer dies": producer_dies,
 def run(pair: Pair, case: str, numel: int = 1 << 20) -> dict:
     """Play ``case`` on ``pair`` (a float32 tensor of ``numel``, 4 MiB by default); return
     {"timeline": [look, ...] with a last look once the segment is gone, "gone after the last
-    end (s)": from the SIGKILL of the last process, and for "producer dies" what C's receive
-    got}."""
+    end (s)" (from the SIGKILL of the last process), "gone after the reap (s)", and for
+    "producer dies" what C's receive got}."""
     if case not in RUN:
         raise ValueError(f"case must be one of {CASES}, got {case!r}")
     result = RUN[case](pair, numel)
     if pair.manager is not None:  # it exits right after its reclaim
         _wait(lambda: all(m.pid != pair.manager for m in managers()), 10)
-    look(pair, "the end")
+    look(pair, "after the last end")
     return {**result, "timeline": pair.timeline}
 
 
@@ -230,6 +233,11 @@ def observed(timeline) -> list[tuple]:
     """What a learner sees at each moment (no pids): compare torch's with shmlab's."""
     return [(s["moment"], s["file"], s["refcount"], tuple(sorted(s["fds"].items())),
              tuple(s["mapped by"]), s["MiB"], s.get("manager alive")) for s in timeline]
+
+
+def freed_at(timeline) -> str:
+    """The first moment at which nobody could reach the segment any more (memory freed)."""
+    return next(s["moment"] for s in timeline if s["MiB"] == 0 and not s["file"])
 
 
 def rows(timeline) -> list[list]:
