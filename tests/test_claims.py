@@ -60,6 +60,7 @@ OWNER = {
     "C12.26": "12_crashes_trackers_and_fds.ipynb",
     "C12.27": "12_crashes_trackers_and_fds.ipynb",
     "C12.28": "12_crashes_trackers_and_fds.ipynb",
+    "C12.29": "12_crashes_trackers_and_fds.ipynb",
 }
 # The handout's part of docs/CLAIMS.md ends where this heading starts; the rest is ours.
 ADDITIONS_HEADING = "\n## Corrections and additions (issue 12)\n"
