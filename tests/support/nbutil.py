@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -107,6 +108,7 @@ def execute_notebook(path, timeout: int = CELL_TIMEOUT, save_failed_to=None, tim
     path = Path(path)
     nb = read_notebook(path)
     load, start, passed = os.getloadavg()[0], time.monotonic(), False
+    cpu = _children_cpu()
     try:
         execute(nb, cwd=path.parent, timeout=timeout)
         passed = True
@@ -118,7 +120,8 @@ def execute_notebook(path, timeout: int = CELL_TIMEOUT, save_failed_to=None, tim
         raise
     finally:
         if timed:
-            record_time(path, nb, time.monotonic() - start, passed, load)
+            cpu = _children_cpu() - cpu
+            record_time(path, nb, time.monotonic() - start, passed, load, cpu)
 
 
 def budget_s(path) -> int:
@@ -143,15 +146,26 @@ def cell_seconds(nb) -> list[dict]:
     return sorted(cells, key=lambda c: -c["seconds"])
 
 
-def record_time(path, nb, seconds: float, passed: bool, load_before: float) -> dict:
+def _children_cpu() -> float:
+    """User + system CPU seconds of this process's reaped descendants: the kernel, once shut
+    down, with every child it waited for (subprocesses, Process children, torchrun's ranks)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def record_time(path, nb, seconds, passed, load_before, cpu_seconds=None) -> dict:
     """Note one headless run in TIMES and merge it into TIMES_FILE (other notebooks' last
-    records stay). The load averages are there because the budget is for a quiet machine."""
+    records stay). The budget is for a quiet machine, so the record says how busy this one
+    was (1-minute load average) and how much CPU the run used (kernel and the children it
+    reaped: much less sensitive to other programs than the wall time; daemons it started,
+    such as a manager, are not counted)."""
     record = {
         "seconds": round(seconds, 1),
         "budget_s": budget_s(path),
         "over": seconds > budget_s(path),
         "passed": passed,
         "measured_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "cpu_seconds": None if cpu_seconds is None else round(cpu_seconds, 1),
         "load_1min": {"before": round(load_before, 2), "after": round(os.getloadavg()[0], 2)},
         "cpus": os.cpu_count(),
         "slowest_cells": cell_seconds(nb)[:SLOWEST_CELLS],
@@ -169,22 +183,23 @@ def record_time(path, nb, seconds: float, passed: bool, load_before: float) -> d
 
 def times_table(records: dict[str, dict]) -> list[str]:
     """The terminal summary's lines: per notebook its time, budget, verdict and slowest cell."""
-    lines = [f"{'notebook':44} {'time':>7} {'budget':>7}  {'':14} {'load':>9}  slowest cell"]
+    head = f"{'notebook':40} {'time':>7} {'budget':>6}  {'verdict':11} {'cpu':>6} {'load':>9}"
+    lines = [head + "  slowest cell"]
     for name, r in sorted(records.items()):
-        verdict = "OVER BUDGET" if r["over"] else "ok"
-        verdict += "" if r["passed"] else " (failed)"
+        verdict = ("OVER BUDGET" if r["over"] else "ok") + ("" if r["passed"] else " (failed)")
         cell = r["slowest_cells"][0] if r["slowest_cells"] else None
         slowest = f"{cell['id']} {cell['seconds']:.1f} s" if cell else "-"
+        cpu = "-" if r.get("cpu_seconds") is None else f"{r['cpu_seconds']:.1f}s"
         load = f"{r['load_1min']['before']:.1f}→{r['load_1min']['after']:.1f}"
         lines.append(
-            f"{Path(name).stem:44} {r['seconds']:>6.1f}s {r['budget_s']:>6}s  "
-            f"{verdict:14} {load:>9}  {slowest}"
+            f"{Path(name).stem:40} {r['seconds']:>6.1f}s {r['budget_s']:>5}s  "
+            f"{verdict:11} {cpu:>6} {load:>9}  {slowest}"
         )
     over = [n for n, r in records.items() if r["over"]]
     lines.append(
-        f"{len(over)} of {len(records)} over budget (budgets are for a quiet "
-        f"machine; load is the 1-minute load average on {os.cpu_count()} CPUs); "
-        f"record: {rel(TIMES_FILE)}"
+        f"{len(over)} of {len(records)} over budget. Budgets are for a quiet machine: load is "
+        f"the 1-minute load average on {os.cpu_count()} CPUs, cpu the CPU time of the kernel "
+        f"and the children it reaped. Record: {rel(TIMES_FILE)}"
     )
     return lines
 
