@@ -127,6 +127,30 @@ def test_saved_widget_state_counts_as_output(tmp_path):
     assert nbutil.notebook_has_outputs(nb)
 
 
+@pytest.mark.notebook
+@pytest.mark.timeout(120)
+def test_a_headless_run_records_its_time_and_marks_an_overrun(tmp_path, monkeypatch):
+    """Going over the budget is recorded and shown, never a failure; other records stay."""
+    times = tmp_path / "notebook-times.json"
+    times.write_text(json.dumps({"notebooks": {"notebooks/earlier.ipynb": {"seconds": 1.0}}}))
+    monkeypatch.setattr(nbutil, "TIMES_FILE", times)
+    monkeypatch.setattr(nbutil, "TIMES", {})
+    monkeypatch.setattr(nbutil, "BUDGET_S", 0)  # any run is over this budget
+    path = tmp_path / "slow.ipynb"
+    cells = [nbutil.code_cell("x = 1"), nbutil.code_cell("import time; time.sleep(0.5)")]
+    nbformat.write(nbutil.new_notebook(*cells), str(path))
+    nbutil.execute_notebook(path, timed=True)
+    saved = json.loads(times.read_text())["notebooks"]
+    assert "notebooks/earlier.ipynb" in saved, saved  # merged, not overwritten
+    r = saved[nbutil.rel(path)]
+    assert r == nbutil.TIMES[nbutil.rel(path)] and r["passed"] and r["over"], r
+    assert r["budget_s"] == 0 and r["seconds"] >= 0.5 and r["cpu_seconds"] > 0, r
+    slowest = r["slowest_cells"][0]
+    assert slowest["index"] == 1 and 0.5 <= slowest["seconds"] < r["seconds"], r
+    table = nbutil.times_table(nbutil.TIMES)
+    assert "OVER BUDGET" in table[1] and "slow" in table[1] and "1 of 1 over" in table[-1], table
+
+
 # --- (c) `make lab` serves JupyterLab at the root, on notebooks/00 ------------------------------
 
 

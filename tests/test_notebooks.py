@@ -18,8 +18,13 @@ _executed: dict[Path, object] = {}  # path -> executed notebook, reused by conte
 @pytest.mark.timeout(nbutil.NOTEBOOK_TIMEOUT)
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=nbutil.rel)
 def test_notebook_runs_headless(path):
-    """Run all cells in a fresh python3 kernel; any exception (a hidden test cell too) fails."""
-    nb = nbutil.execute_notebook(path, timeout=nbutil.CELL_TIMEOUT, save_failed_to=nbutil.ARTIFACTS)
+    """Run all cells in a fresh python3 kernel; any exception (a hidden test cell too) fails.
+
+    The wall time is recorded against the notebook's budget (nbutil.budget_s), not asserted:
+    the summary at the end of the run marks a notebook that went over."""
+    nb = nbutil.execute_notebook(
+        path, timeout=nbutil.CELL_TIMEOUT, save_failed_to=nbutil.ARTIFACTS, timed=True
+    )
     _executed[path] = nb
 
 

@@ -8,9 +8,13 @@ and inside a virtual environment jupyter_core prefers the environment's kernelsp
 
 from __future__ import annotations
 
+import datetime
+import json
 import os
+import resource
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import nbformat
@@ -27,6 +31,14 @@ NOTEBOOK_TIMEOUT = int(os.environ.get("SHMLAB_NOTEBOOK_TIMEOUT", "300"))  # seco
 ARTIFACTS = REPO / "test-artifacts"  # executed copies of failing notebooks land here (ignored)
 # nbstripout's notion of "stripped", keeping our meaningful cell ids.
 NBSTRIPOUT_ARGS = ("--keep-id",)
+# Each notebook's headless budget on a quiet 2-core machine (issue 12): 60 s, the two training
+# notebooks 90 s. Not a timed test — the machine is shared and noisy — but every headless run
+# is written to TIMES_FILE and the end of the run prints a table that marks what went over.
+BUDGET_S = 60
+BUDGETS_S = {"06_hogwild_training": 90, "07_beyond_one_machine": 90}
+TIMES_FILE = ARTIFACTS / "notebook-times.json"
+SLOWEST_CELLS = 5  # how many of each notebook's slowest cells the record keeps
+TIMES: dict[str, dict] = {}  # this pytest run's records, by rel(path); read by conftest.py
 
 
 def find_notebooks(dirs=NOTEBOOK_DIRS) -> list[Path]:
@@ -85,21 +97,111 @@ def execute(nb, cwd, timeout: int = CELL_TIMEOUT) -> nbformat.NotebookNode:
     return nb
 
 
-def execute_notebook(path, timeout: int = CELL_TIMEOUT, save_failed_to=None):
+def execute_notebook(path, timeout: int = CELL_TIMEOUT, save_failed_to=None, timed=False):
     """Execute the notebook at `path` in its own folder; return the executed notebook.
 
     `timeout` is per cell. On failure, the partly executed notebook is written to
-    `save_failed_to/<name>` (if given) before the error propagates.
+    `save_failed_to/<name>` (if given) before the error propagates. With `timed`, the run's
+    wall time (kernel start-up included) and its slowest cells are recorded (`record_time`),
+    whether it passes or not.
     """
     path = Path(path)
     nb = read_notebook(path)
+    load, start, passed = os.getloadavg()[0], time.monotonic(), False
+    cpu = _children_cpu()
     try:
-        return execute(nb, cwd=path.parent, timeout=timeout)
+        execute(nb, cwd=path.parent, timeout=timeout)
+        passed = True
+        return nb
     except Exception:
         if save_failed_to is not None:
             Path(save_failed_to).mkdir(parents=True, exist_ok=True)
             nbformat.write(nb, str(Path(save_failed_to) / path.name))
         raise
+    finally:
+        if timed:
+            cpu = _children_cpu() - cpu
+            record_time(path, nb, time.monotonic() - start, passed, load, cpu)
+
+
+def budget_s(path) -> int:
+    """The headless budget of the notebook at `path`, in seconds."""
+    return BUDGETS_S.get(Path(path).stem, BUDGET_S)
+
+
+def _when(stamp: str) -> datetime.datetime:
+    return datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00"))  # 3.10 reads no "Z"
+
+
+def cell_seconds(nb) -> list[dict]:
+    """Each executed code cell's kernel time (nbclient's timing metadata), slowest first."""
+    cells = []
+    for i, cell in enumerate(nb.cells):
+        t = cell.get("metadata", {}).get("execution", {})
+        began = t.get("iopub.execute_input") or t.get("iopub.status.busy")
+        ended = t.get("shell.execute_reply") or t.get("iopub.status.idle")
+        if cell.cell_type == "code" and began and ended:
+            seconds = (_when(ended) - _when(began)).total_seconds()
+            cells.append({"index": i, "id": cell.get("id"), "seconds": round(seconds, 2)})
+    return sorted(cells, key=lambda c: -c["seconds"])
+
+
+def _children_cpu() -> float:
+    """User + system CPU seconds of this process's reaped descendants: the kernel, once shut
+    down, with every child it waited for (subprocesses, Process children, torchrun's ranks)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def record_time(path, nb, seconds, passed, load_before, cpu_seconds=None) -> dict:
+    """Note one headless run in TIMES and merge it into TIMES_FILE (other notebooks' last
+    records stay). The budget is for a quiet machine, so the record says how busy this one
+    was (1-minute load average) and how much CPU the run used (kernel and the children it
+    reaped: much less sensitive to other programs than the wall time; daemons it started,
+    such as a manager, are not counted)."""
+    record = {
+        "seconds": round(seconds, 1),
+        "budget_s": budget_s(path),
+        "over": seconds > budget_s(path),
+        "passed": passed,
+        "measured_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "cpu_seconds": None if cpu_seconds is None else round(cpu_seconds, 1),
+        "load_1min": {"before": round(load_before, 2), "after": round(os.getloadavg()[0], 2)},
+        "cpus": os.cpu_count(),
+        "slowest_cells": cell_seconds(nb)[:SLOWEST_CELLS],
+    }
+    TIMES[rel(path)] = record
+    try:
+        saved = json.loads(TIMES_FILE.read_text())["notebooks"]
+    except (OSError, ValueError, KeyError, TypeError):
+        saved = {}
+    saved[rel(path)] = record
+    TIMES_FILE.parent.mkdir(parents=True, exist_ok=True)
+    TIMES_FILE.write_text(json.dumps({"notebooks": dict(sorted(saved.items()))}, indent=1) + "\n")
+    return record
+
+
+def times_table(records: dict[str, dict]) -> list[str]:
+    """The terminal summary's lines: per notebook its time, budget, verdict and slowest cell."""
+    head = f"{'notebook':40} {'time':>7} {'budget':>6}  {'verdict':11} {'cpu':>6} {'load':>9}"
+    lines = [head + "  slowest cell"]
+    for name, r in sorted(records.items()):
+        verdict = ("OVER BUDGET" if r["over"] else "ok") + ("" if r["passed"] else " (failed)")
+        cell = r["slowest_cells"][0] if r["slowest_cells"] else None
+        slowest = f"{cell['id']} {cell['seconds']:.1f} s" if cell else "-"
+        cpu = "-" if r.get("cpu_seconds") is None else f"{r['cpu_seconds']:.1f}s"
+        load = f"{r['load_1min']['before']:.1f}→{r['load_1min']['after']:.1f}"
+        lines.append(
+            f"{Path(name).stem:40} {r['seconds']:>6.1f}s {r['budget_s']:>5}s  "
+            f"{verdict:11} {cpu:>6} {load:>9}  {slowest}"
+        )
+    over = [n for n, r in records.items() if r["over"]]
+    lines.append(
+        f"{len(over)} of {len(records)} over budget. Budgets are for a quiet machine: load is "
+        f"the 1-minute load average on {os.cpu_count()} CPUs, cpu the CPU time of the kernel "
+        f"and the children it reaped. Record: {rel(TIMES_FILE)}"
+    )
+    return lines
 
 
 def output_problems(nb) -> list[str]:
