@@ -51,6 +51,11 @@ OWNER = {
     "C12.11": "03_sharing_cuda_tensors.ipynb",
     "C12.12": "04_file_descriptor_strategy.ipynb",
     "C12.13": "04_file_descriptor_strategy.ipynb",
+    "C12.40": "11_famous_errors.ipynb",
+    "C12.41": "11_famous_errors.ipynb",
+    "C12.42": "11_famous_errors.ipynb",
+    "C12.43": "11_famous_errors.ipynb",
+    "C12.44": "11_famous_errors.ipynb",
 }
 # The handout's part of docs/CLAIMS.md ends where this heading starts; the rest is ours.
 ADDITIONS_HEADING = "\n## Corrections and additions (issue 12)\n"
