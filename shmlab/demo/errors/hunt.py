@@ -188,10 +188,11 @@ def _judge(name: str, creator: int) -> dict:
     the pid ``creator``."""
     (seg,) = [s for s in introspect.shm_segments() if s.name == name]
     os.kill(creator, 0)  # no error: a process with that pid runs (it is us)
-    (finding,) = [f for f in doctor_leaks.segments(min_age_s=0) if f.details.get("name") == name]
+    lines = [f for f in doctor_leaks.segments(min_age_s=0) if f.details.get("name") == name]
     return {"name": name, "creator_pid": creator, "asker_pid": os.getpid(),
             "pid_exists": True, "creator_alive": seg.creator_alive,
-            "cleanable": finding.details["cleanable"], "message": finding.message}
+            "cleanable": bool(lines) and lines[0].details["cleanable"],
+            "message": lines[0].message if lines else "no finding: the creator looks alive"}
 
 
 def pid_reuse() -> dict:
