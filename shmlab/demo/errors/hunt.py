@@ -6,7 +6,8 @@ doctor`` prints) and ``shmlab.introspect`` on them, then torn down (``Scene.stop
 nothing behind.
 
     namespaced_holder  a live torch file_system tensor made in a private pid namespace: its file
-                       name carries a pid the host does not have; only /proc/*/maps shows it is used
+                       name carries a pid that is another process on the host; only
+                       /proc/*/maps shows who uses it
     orphan_with_fds    an orphan holding file_descriptor tensors: nothing in /dev/shm, only
                        '(deleted)' links in /proc/<pid>/fd
     live_family        a running file_system job and its torch_shm_manager: files a cleaner
@@ -73,14 +74,6 @@ class Scene:
         self.stop()
 
 
-def _free_pid() -> int:
-    """A pid no host process has now: the number a namespaced process will carry."""
-    table = introspect.process_table()
-    with open("/proc/sys/kernel/pid_max") as f:
-        top = int(f.read())
-    return next(p for p in range(top - 1000, 300, -1) if p not in table)
-
-
 def _hold_file_system_tensor(conn) -> None:
     os.setpgid(0, 0)  # out of the kernel's process group: an interrupt there must not reach us
     torch_mp.set_sharing_strategy("file_system")
@@ -90,10 +83,11 @@ def _hold_file_system_tensor(conn) -> None:
     time.sleep(120)  # until the namespace's pid 1 is killed
 
 
-def namespaced_holder(report, stop) -> None:
+def namespaced_holder(report, stop, ns_pid: int) -> None:
     """A live torch file_system tensor whose creator lives in a private pid namespace, as a
-    container's processes do: the pid in its name is the namespace's, not the host's."""
-    ns_pid, (recv, send) = _free_pid(), multiprocessing.Pipe(duplex=False)
+    container's processes do, with pid ``ns_pid`` there: the pid in its name is the
+    namespace's, and on the host that number is some other process, or nobody."""
+    recv, send = multiprocessing.Pipe(duplex=False)
     how = namespaces.enter(namespaces.CLONE_NEWPID)
     init = os.fork()  # pid 1 of the new namespace
     if init == 0:
