@@ -67,6 +67,11 @@ OWNER = {
     "C12.33": "13_inside_share_memory.ipynb",
     "C12.34": "13_inside_share_memory.ipynb",
     "C12.35": "13_inside_share_memory.ipynb",
+    "C12.40": "11_famous_errors.ipynb",
+    "C12.41": "11_famous_errors.ipynb",
+    "C12.42": "11_famous_errors.ipynb",
+    "C12.43": "11_famous_errors.ipynb",
+    "C12.44": "11_famous_errors.ipynb",
 }
 # The handout's part of docs/CLAIMS.md ends where this heading starts; the rest is ours.
 ADDITIONS_HEADING = "\n## Corrections and additions (issue 12)\n"

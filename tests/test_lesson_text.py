@@ -12,6 +12,10 @@ Chinese, and self-check answers that Run All does not spoil.
   anything except through ``shmlab.demo.show.reveal``, which puts the answer in a collapsed
   ``<details>`` element: the
   learner's attempt comes first.
+* Every follow-up question of a "Follow-up questions" section has its Chinese right after it:
+  the question and the answer, in the same form as the English (``**问题？** 回答``).
+* A claims table's header names the Pythons the suite tests (requirements/constraints-py3.N.txt),
+  nothing narrower or wider: the notebooks run on the learner's interpreter, and check it.
 """
 
 from __future__ import annotations
@@ -22,12 +26,17 @@ import re
 import pytest
 from support import nbutil
 
+from shmlab.drill import notebooks as drill_notebooks
+
 NOTEBOOKS = nbutil.find_notebooks((nbutil.REPO / "notebooks",))
 EN_WORDS, ZH_CHARS = 80, 150
 ANSWER_HEADING = "## The 30-second answer"
 CHECK_HEADING = re.compile(r"^## (Check yourself|Self-check)", re.M)
 HAN = re.compile(r"[\u4e00-\u9fff]")
 SHOWING = {"print", "display", "show_table", "show_widget"}
+TESTED = sorted(int(p.name.split(".")[1]) for p in
+                (nbutil.REPO / "requirements").glob("constraints-py3.*.txt"))
+_PYTHONS = re.compile(r"\b(?:C?Python) 3\.(\d+)(?:\s*[–-]\s*3\.(\d+))?")
 
 
 def _plain(text: str) -> str:
@@ -100,6 +109,43 @@ def spoiler_problems(name: str, nb) -> list[str]:
     return problems
 
 
+def follow_up_problems(follow_ups) -> list[str]:
+    """The follow-ups that lack a Chinese question or answer after them."""
+    return [f"{f.notebook}: {f.question!r} has no Chinese question and answer after it"
+            for f in follow_ups if not (han_chars(f.question_zh) and han_chars(f.answer_zh))]
+
+
+def version_problems(source: str, tested: list[int]) -> list[str]:
+    """Python versions named in a table's header line that are not the tested range."""
+    lines, problems = source.splitlines(), []
+    for line, below in zip(lines, lines[1:], strict=False):
+        if not (line.startswith("|") and re.match(r"\|\s*:?-{3}", below)):
+            continue  # not a header: a header line is followed by |---|
+        for m in _PYTHONS.finditer(line):
+            low, high = int(m.group(1)), int(m.group(2) or m.group(1))
+            if (low, high) != (tested[0], tested[-1]):
+                problems.append(f"{m.group()!r} in {line[:60]!r}…: the suite tests Python "
+                                f"3.{tested[0]}–3.{tested[-1]}")
+    return problems
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem[:2])
+def test_follow_ups_are_in_both_languages(path):
+    problems = follow_up_problems(drill_notebooks.follow_ups(path))
+    assert not problems, "\n".join(problems)
+
+
+def test_there_are_follow_ups_to_check():
+    assert len(drill_notebooks.all_follow_ups()) >= 60
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem[:2])
+def test_claims_tables_name_the_tested_pythons(path):
+    problems = [p for c in nbutil.read_notebook(path).cells if c.cell_type == "markdown"
+                for p in version_problems(c.source, TESTED)]
+    assert not problems, f"{path.name}:\n" + "\n".join(problems)
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem[:2])
 def test_30_second_answers_are_short(path):
     nb = nbutil.read_notebook(path)
@@ -153,3 +199,22 @@ def test_the_checks_can_fail():
         nbformat.v4.new_code_cell("print('fine here')")])
     problems = spoiler_problems("n.ipynb", nb)
     assert len(problems) == 2 and "print()" in problems[0] and "expression" in problems[1]
+
+
+def test_the_new_checks_can_fail(tmp_path):
+    import nbformat
+
+    section = ("## Follow-up questions\n\n<details>\n\n**Why?** Because.\n\n"
+               "**为什么？** 因为如此。\n\n**And then?** Nothing.\n\n</details>")
+    path = tmp_path / "n.ipynb"
+    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell(section)]), path)
+    found = drill_notebooks.follow_ups(path)
+    assert [(f.question, f.question_zh) for f in found] == [("Why?", "为什么？"), ("And then?", "")]
+    assert follow_up_problems(found) == [
+        "n.ipynb: 'And then?' has no Chinese question and answer after it"]
+    assert len(TESTED) >= 3 and TESTED == list(range(TESTED[0], TESTED[-1] + 1))
+    table = "| a | Current (torch 2.13, Python 3.11–3.14) | b |\n|---|---|---|\n| x | y | z |"
+    assert version_problems(table, [10, 11, 12, 13])
+    assert version_problems(table.replace("Python 3.11–3.14", "CPython 3.11"), [10, 11, 12, 13])
+    assert not version_problems(table.replace("3.11–3.14", "3.10–3.13"), [10, 11, 12, 13])
+    assert not version_problems("Python 3.14 made forkserver the default.", [10, 11, 12, 13])

@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 _HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
 _BOLD_QA = re.compile(r"\*\*(.+?)\*\*\s+(.*)", re.S)        # **Question?** answer
 _BULLET_QA = re.compile(r"\*\s+\*(.+?)\*\s+(.*)", re.S)     # * *Question?* answer
+_HAN = re.compile(r"[\u4e00-\u9fff]")
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,14 @@ class FollowUp:
     notebook: str   # file name, e.g. "04_file_descriptor_strategy.ipynb"
     question: str   # Markdown, as written in the notebook
     answer: str     # Markdown, one paragraph, line breaks joined
+    question_zh: str = ""  # the Chinese paragraph right after it (same form), if any
+    answer_zh: str = ""
+
+
+def is_chinese(text: str) -> bool:
+    """Mostly 汉字 (identifiers aside): a follow-up's Chinese paragraph, not a new question."""
+    han = len(_HAN.findall(re.sub(r"`[^`]*`", "", text)))
+    return han >= 2 and han >= len(re.findall(r"[A-Za-z]", re.sub(r"`[^`]*`", "", text))) / 3
 
 
 def markdown_cells(path: Path) -> list[str]:
@@ -80,7 +89,8 @@ def _items(section: str) -> list[str]:
 
 def follow_ups(path: Path) -> list[FollowUp]:
     """The question/answer pairs of a notebook's follow-up section (``<details>`` after a
-    "Follow-up questions" heading or summary); [] when it has none."""
+    "Follow-up questions" heading or summary); [] when it has none. A paragraph of the same
+    form in Chinese, right after a pair, is that pair's ``question_zh`` / ``answer_zh``."""
     found = []
     for source in markdown_cells(path):
         start = re.search(r"Follow-up questions", source)
@@ -90,8 +100,14 @@ def follow_ups(path: Path) -> list[FollowUp]:
         section = source[before if before >= 0 else source.index("<details", start.start()):]
         for item in _items(section.split("</details>")[0]):
             match = _BULLET_QA.match(item) or _BOLD_QA.match(item)
-            if match:
-                found.append(FollowUp(path.name, match.group(1).strip(), match.group(2).strip()))
+            if not match:
+                continue
+            question, answer = match.group(1).strip(), match.group(2).strip()
+            chinese = is_chinese(question + answer)
+            if chinese and found and not found[-1].question_zh:
+                found[-1] = replace(found[-1], question_zh=question, answer_zh=answer)
+            elif not chinese:
+                found.append(FollowUp(path.name, question, answer))
     return found
 
 

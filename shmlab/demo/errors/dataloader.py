@@ -7,7 +7,6 @@ Every function is module-level, so a spawn or forkserver child could import it t
 from __future__ import annotations
 
 import builtins
-import ctypes
 import mmap
 import multiprocessing
 import os
@@ -16,6 +15,8 @@ import resource
 import torch
 import torch.multiprocessing as torch_mp
 from torch.utils.data import DataLoader, Dataset
+
+from . import namespaces
 
 
 class ManySmall(Dataset):
@@ -56,24 +57,17 @@ def keep_every_batch(nofile: str, strategy: str, items: int = 48, per_item: int 
 
 
 # --- a private, small /dev/shm ------------------------------------------------------------------
-_CLONE_NEWNS, _MS_REC, _MS_PRIVATE = 0x20000, 0x4000, 1 << 18
+def private_shm(size: str) -> str:
+    """Mount a tmpfs of ``size`` (e.g. '1m') on /dev/shm for this process and its children only,
+    as ``docker run --shm-size`` does for a container. Returns how ('as root', or 'in a user
+    namespace'); PermissionError if the machine allows neither.
 
-
-def private_shm(size: str) -> None:
-    """Mount a tmpfs of ``size`` (e.g. '1m') on /dev/shm for this process and its children only.
-
-    A private mount namespace (unshare(CLONE_NEWNS)) keeps the machine's /dev/shm untouched;
-    it needs CAP_SYS_ADMIN (root, or a container that allows it). PermissionError if refused.
+    A private mount namespace keeps the machine's /dev/shm untouched (namespaces.py).
     """
-    libc = ctypes.CDLL(None, use_errno=True)
-    steps = (("unshare", (_CLONE_NEWNS,)),  # then stop mount events leaking back to the host
-             ("mount", (b"none", b"/", None, _MS_REC | _MS_PRIVATE, None)),
-             ("mount", (b"tmpfs", b"/dev/shm", b"tmpfs", 0, f"size={size}".encode())))
-    for call, args in steps:
-        if getattr(libc, call)(*args) != 0:
-            err = ctypes.get_errno()
-            raise PermissionError(err, f"{call}: {os.strerror(err)}: this machine does not allow "
-                                       "a private /dev/shm (needs CAP_SYS_ADMIN)")
+    how = namespaces.enter(namespaces.CLONE_NEWNS)
+    namespaces.private_mounts()
+    namespaces.mount_tmpfs("/dev/shm", size)
+    return how
 
 
 def can_mount_private_shm() -> str | None:
@@ -119,6 +113,17 @@ def load_on_small_shm(kind: str, tmpfs: str, nbytes: int = 4 << 20) -> str:
     torch_mp.set_sharing_strategy("file_descriptor")
     batches = list(DataLoader(FillsShm(kind, nbytes), num_workers=1, batch_size=1))
     return f"{len(batches)} batches of {nbytes:,} bytes through a {tmpfs} /dev/shm"
+
+
+def shm_verdict(tmpfs: str) -> dict:
+    """What ``python -m shmlab doctor`` says of a /dev/shm of ``tmpfs`` (its dev_shm line),
+    read inside a private tmpfs of that size; 'how': how the tmpfs was mounted."""
+    from ...tools import doctor_checks
+
+    how = private_shm(tmpfs)
+    (finding,) = doctor_checks.dev_shm()
+    return {"how": how, "severity": finding.severity, "message": finding.message,
+            "fix": finding.fix, "total": finding.details["total"]}
 
 
 # --- a DataLoader in a daemonic process ---------------------------------------------------------
