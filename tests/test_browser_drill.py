@@ -1,11 +1,11 @@
 """The interview drill's Quiz in a real JupyterLab, driven in headless Chromium.
 
-Uses test_browser's server fixture (JupyterLab on 127.0.0.1, a random token, its own settings,
-no autosave) with SHMLAB_DRILL_DIR pointing at a temporary folder, which the kernel inherits: we
-run notebook 10, click Reveal, grade the card "easy", check the state file, switch the language
-to 中文, reload the page, run the cells again and read the progress chart, which must count the
-card as known. Screenshots go to test-artifacts/. Without Chromium the test skips, except under
-CI=true (then it fails), exactly as test_browser does.
+Uses the shared server fixture (tests/support/browser.py: JupyterLab on 127.0.0.1, a random token,
+its own settings, no autosave) with SHMLAB_DRILL_DIR pointing at a temporary folder, which the
+kernel inherits: we run notebook 10, click Reveal, grade the card "easy", check the state file,
+switch the language to 中文, reload the page, run the cells again and read the progress chart,
+which must count the card as known. Screenshots go to test-artifacts/. Without Chromium the test
+skips, except under CI=true (then it fails), as every browser test does.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ import re
 import time
 
 import pytest
-from test_browser import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, REPO, _need_chromium, lab  # noqa: F401
+from support.browser import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, REPO, lab  # noqa: F401
+from support.browser import need_chromium as _need_chromium
 
 NOTEBOOK = REPO / "notebooks" / "10_interview_drill.ipynb"
 IDLE = ("() => window.jupyterapp?.shell?.currentWidget?.sessionContext?.session?.kernel"
