@@ -171,6 +171,31 @@ def test_chinese_text_uses_full_width_punctuation(path):
     assert not problems, f"{path.name}: use ，。：；（） in Chinese text:\n" + "\n".join(problems)
 
 
+# A soft line break renders as a space, which Chinese never has between two characters.
+_CJK = "\u3000-\u303f\u4e00-\u9fff\uff00-\uffef\u201c\u201d"
+_CJK_BREAK = re.compile(f"[{_CJK}]\n(?:> )?[{_CJK}]")
+
+
+def cjk_break_problems(text: str) -> list[str]:
+    if "```mermaid" in text:
+        return []
+    return [f"…{text[max(0, m.start() - 12):m.end() + 12]!r}" for m in _CJK_BREAK.finditer(text)]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem[:2])
+def test_chinese_lines_are_not_broken_between_two_characters(path):
+    nb = nbutil.read_notebook(path)
+    problems = [f"cell {c.get('id')}: {p}" for c in nb.cells if c.cell_type == "markdown"
+                for p in cjk_break_problems(c.source)]
+    assert not problems, (f"{path.name}: a line break between two Chinese characters shows as "
+                          "a space; join the lines:\n" + "\n".join(problems))
+
+
+def test_the_line_break_check_can_fail():
+    assert cjk_break_problems("一段中文\n接着写") and cjk_break_problems("> 引用的中文\n> 接着写")
+    assert not cjk_break_problems("一段中文\n`code` 之后") and not cjk_break_problems("句子。\n\n下一段")
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem[:2])
 def test_self_check_answers_stay_hidden_on_run_all(path):
     problems = spoiler_problems(path.name, nbutil.read_notebook(path))
