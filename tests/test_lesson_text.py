@@ -193,7 +193,8 @@ def test_chinese_lines_are_not_broken_between_two_characters(path):
 
 def test_the_line_break_check_can_fail():
     assert cjk_break_problems("一段中文\n接着写") and cjk_break_problems("> 引用的中文\n> 接着写")
-    assert not cjk_break_problems("一段中文\n`code` 之后") and not cjk_break_problems("句子。\n\n下一段")
+    assert not cjk_break_problems("一段中文\n`code` 之后")
+    assert not cjk_break_problems("句子。\n\n下一段")
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem[:2])
