@@ -172,6 +172,8 @@ def check_safe_attach(safe_attach):
                        f"it hung: {_DEADLOCK}"):
             return
         m = outcome[0] if outcome else None
+        if isinstance(m, BaseException):
+            raise m  # on a live segment any exception is your code's: Cases shows its traceback
         c.check(_count(name) == 2, f"a live segment: attach counts itself in, 1 -> 2 (got "
                 f"{_count(name)})", "read the count, add 1, write it back, all on the fd "
                 "you locked")
@@ -216,7 +218,7 @@ def _check_race(c, safe_attach, name):
     if not c.check(not worker.is_alive(), "attach returns once the lock is free",
                    f"it hung: {_DEADLOCK}"):
         return
-    got = outcome[0] if outcome else None
+    got = _named(outcome[0]) if outcome else None
     c.check(got == "FileNotFoundError" and _count(name) == 0,
             f"let in after that decrement to 0, it refuses (got: {got}, count "
             f"{_count(name)})", "a count read before you held the lock can be stale by the "
@@ -226,7 +228,7 @@ def _check_race(c, safe_attach, name):
 def _attach_in_thread(safe_attach, name, wait: float = 5.0, then=lambda m: m):
     """Call ``safe_attach(name, 16)`` in a daemon thread (it may deadlock): (thread, [result]).
 
-    ``then`` turns the mapping into the result; an exception's name is the result otherwise.
+    ``then`` turns the mapping into the result; an exception raised is the result otherwise.
     """
     import threading
 
@@ -236,7 +238,7 @@ def _attach_in_thread(safe_attach, name, wait: float = 5.0, then=lambda m: m):
         try:
             outcome.append(then(safe_attach(name, 16)))
         except Exception as exc:  # the learner's choice of exception is what is checked
-            outcome.append(type(exc).__name__)
+            outcome.append(exc)
 
     worker = threading.Thread(target=call, daemon=True, name="lab3-attach")
     worker.start()
@@ -252,7 +254,11 @@ def _outcome(mapping) -> str:
 def _attach_outcome(safe_attach, name) -> str:
     """'mapped', the name of the exception ``safe_attach`` raised, or 'hung'."""
     worker, outcome = _attach_in_thread(safe_attach, name, then=_outcome)
-    return outcome[0] if outcome else "hung"
+    return _named(outcome[0]) if outcome else "hung"
+
+
+def _named(result) -> str:
+    return type(result).__name__ if isinstance(result, BaseException) else result
 
 
 def _close(mapping) -> None:
