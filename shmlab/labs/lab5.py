@@ -42,6 +42,11 @@ def check_hogwild(train_worker):
     with Cases("Exercise 1: several processes train one shared model") as c:
         torch, data, make_model, accuracy = _setup()
         train_worker(0, 1, make_model(seed=0), data, 0)  # 0 epochs: a stub still raises here
+        shard = len(data.x_train[1::2])
+        seen = _rows_seen(train_worker, make_model(seed=0), data)
+        c.check(seen == shard, f"one epoch of worker 1 of 2 passes once over its shard "
+                f"({shard} rows; it fed the model {seen})", "each worker trains on its own "
+                "share of the data, `epochs` times: the rows rank, rank + world, ...")
         model = make_model(seed=0)
         model.share_memory()
         before = [p.detach().clone() for p in model.parameters()]
@@ -58,6 +63,24 @@ def check_hogwild(train_worker):
         c.check(acc >= 0.85, f"test accuracy {acc:.3f} (>= 0.85) after {seconds:.1f} s",
                 "each worker should run `epochs` passes over its shard data.x_train[rank::world]")
 
+
+
+def _rows_seen(train_worker, model, data) -> int:
+    """How many rows ``train_worker(1, 2, model, data, 1)`` feeds the model, in this process."""
+    import torch
+
+    class Counting(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner, self.rows = inner, 0
+
+        def forward(self, x):
+            self.rows += x.shape[0]
+            return self.inner(x)
+
+    counting = Counting(model)
+    train_worker(1, 2, counting, data, 1)
+    return counting.rows
 
 
 def check_baseline(baseline):
