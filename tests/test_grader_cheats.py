@@ -190,38 +190,31 @@ def decref(name):
     finally:
         os.close(fd)
 """),
-    "lab4 join during grace keeps the old countdown": ("lab4_shm_manager", "ex2_tracker", """
-class Tracker:
+    "lab4 join during grace keeps the old countdown": ("lab4_shm_manager", "ex3_grace", """
+class GraceTracker(Tracker):
     def __init__(self, grace):
+        super().__init__()
         self.grace = grace
-        self.registered = set()
-        self.clients = set()
         self.last_left = None
 
     def client_joined(self, client, now):
-        self.clients.add(client)  # wrong: the countdown is not reset
+        super().client_joined(client, now)  # wrong: the countdown is not reset
 
     def client_left(self, client, now):
-        self.clients.discard(client)
+        super().client_left(client, now)
         if not self.clients and self.last_left is None:
             self.last_left = now
 
-    def register(self, client, name):
-        self.registered.add(name)
-
-    def free(self, name):
-        self.registered.discard(name)
-
     def should_exit(self, now):
-        return not self.clients and self.last_left is not None \\
+        return super().should_exit(now) and self.last_left is not None \\
             and now - self.last_left >= self.grace
 """),
-    "lab5 made-up numbers": ("lab5_hogwild", "ex2_measure", """
+    "lab5 made-up numbers": ("lab5_hogwild", "ex3_measure", """
 def measure():
     return {"single_seconds": 2.0, "single_accuracy": 0.93,
             "hogwild_seconds": 1.2, "hogwild_accuracy": 0.92}
 """),
-    "lab5 reuses a trained model": ("lab5_hogwild", "ex2_measure", """
+    "lab5 reuses a trained model": ("lab5_hogwild", "ex3_measure", """
 _trained = make_model(seed=0)
 train_worker(0, 1, _trained, data, 5)
 
@@ -232,6 +225,106 @@ def measure():
     took = time.perf_counter() - start
     return {"single_seconds": took, "single_accuracy": acc,
             "hogwild_seconds": took, "hogwild_accuracy": acc}
+"""),
+
+    # The exercises added for issue 14's "richer labs": the most tempting mistake in each.
+    "lab2 receive_storage never closes the received fd": ("lab2_file_descriptors",
+                                                          "ex4_fd_ledger", """
+def receive_storage(sock, size, cache):
+    return rebuild_storage_fd(recv_fd(sock), size, cache)  # wrong: one fd per message
+"""),
+    "lab3 safe_attach reads the count before locking": ("lab3_file_system_refcount",
+                                                        "ex4_safe_attach", """
+def safe_attach(name, size):
+    fd = shm_open(name, os.O_RDWR, 0o600)
+    try:
+        count = read_count(fd)  # wrong: read before the lock, stale once it is held
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            if count <= 0:
+                raise FileNotFoundError(name)
+            mapping = mmap.mmap(fd, HEADER_SIZE + size)
+            write_count(fd, count + 1)
+            return mapping
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+"""),
+    "lab3 safe_attach relies on close() to unlock": ("lab3_file_system_refcount",
+                                                     "ex4_safe_attach", """
+def safe_attach(name, size):
+    fd = shm_open(name, os.O_RDWR, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        count = read_count(fd)
+        if count <= 0:
+            raise FileNotFoundError(name)
+        mapping = mmap.mmap(fd, HEADER_SIZE + size)  # wrong: it keeps the lock alive
+        write_count(fd, count + 1)
+        return mapping
+    finally:
+        os.close(fd)
+"""),
+    "lab4 tracker exits before any client came": ("lab4_shm_manager", "ex2_tracker", """
+class Tracker:
+    def __init__(self):
+        self.clients = set()
+        self.registered = set()
+
+    def client_joined(self, client, now):
+        self.clients.add(client)
+
+    def client_left(self, client, now):
+        self.clients.discard(client)
+
+    def register(self, client, name):
+        self.registered.add(name)
+
+    def free(self, name):
+        self.registered.discard(name)
+
+    def should_exit(self, now):
+        return not self.clients  # wrong: true at start-up too
+"""),
+    "lab4 serve keeps a closed socket in the selector": ("lab4_shm_manager", "ex4_serve", """
+def serve(server, tracker, reclaim, deadline):
+    sel = selectors.DefaultSelector()
+    sel.register(server, selectors.EVENT_READ)
+    while time.monotonic() < deadline:
+        now = time.monotonic()
+        if tracker.should_exit(now):
+            return reclaim(set(tracker.registered))
+        for key, _ in sel.select(timeout=0.02):
+            if key.fileobj is server:
+                conn, _ = server.accept()
+                sel.register(conn, selectors.EVENT_READ)
+                tracker.client_joined(conn, now)
+                continue
+            data = key.fileobj.recv(4096)
+            if not data:
+                key.fileobj.close()  # wrong: not unregistered; its fd number comes back
+                tracker.client_left(key.fileobj, now)
+                continue
+            for line in data.decode().splitlines():
+                word, _, name = line.partition(" ")
+                if word == "REGISTER":
+                    tracker.register(key.fileobj, name)
+                elif word == "FREE":
+                    tracker.free(name)
+    return None
+"""),
+    "lab5 baseline times only the accuracy": ("lab5_hogwild", "ex2_baseline", """
+_model = make_model(seed=0)
+train_worker(0, 1, _model, data, 5)
+
+
+def baseline():
+    model = make_model(seed=0)
+    model.load_state_dict(_model.state_dict())  # wrong: trained before baseline() ran
+    start = time.perf_counter()
+    acc = accuracy(model, data.x_test, data.y_test)
+    return {"seconds": time.perf_counter() - start, "accuracy": acc}
 """),
 }
 

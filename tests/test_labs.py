@@ -182,7 +182,7 @@ def test_edited_or_deleted_test_cells_are_restored(tmp_path):
     result = grade.grade(path)
     by_id = {e.grade_id: e for e in result.exercises}
     assert set(by_id) == {"test_ex1_unlinked_segment", "test_ex2_fd_passing",
-                          "test_ex3_rebuild_cache"}
+                          "test_ex3_rebuild_cache", "test_ex4_fd_ledger"}
     assert by_id["test_ex1_unlinked_segment"].score == 2  # deleted, restored, and it passes
     assert by_id["test_ex3_rebuild_cache"].score == 0  # the edit did not help
 
@@ -275,3 +275,40 @@ def test_grading_works_from_an_installed_wheel(tmp_path):
     stubs, solved = rows["lab1_reducers.ipynb"], rows["solved/lab1_reducers.ipynb"]
     assert stubs["score"] == 0 and stubs["max_score"] == 6, stubs
     assert solved["score"] == solved["max_score"] == 6, solved
+
+
+# --- IPython syntax in answer cells (runner's Note [Magics in graded cells]) --------------------
+def test_harmless_magics_become_python_and_the_rest_are_refused_by_line():
+    from shmlab.labs.runner import _plain_python, _Unsupported
+
+    assert _plain_python("%time x = f()")[0] == "x = f()"
+    assert _plain_python("def g():\n    %timeit -n 10 -r 2 f()")[0] == "def g():\n    f()"
+    assert _plain_python("%%time\nx = 1")[0] == "\nx = 1"
+    assert _plain_python("%matplotlib inline")[0] == "pass"
+    assert _plain_python('s = "%d" % 3') == ('s = "%d" % 3', [])  # compiles: never touched
+    assert _plain_python("def f(:\n    pass")[1] == []  # a plain SyntaxError stays itself
+    for src, line in [("x = 1\n!ls", 2), ("%%bash\nls", 1), ("files = !ls", 1), ("len?", 1),
+                      ("%run other.ipynb", 1), ("%time x = 1\n%cd /tmp", 2)]:
+        with pytest.raises(_Unsupported, match=f"line {line}:"):
+            _plain_python(src)
+
+
+@pytest.mark.timeout(300)
+def test_magics_in_a_graded_cell_are_run_or_explained(tmp_path):
+    lab, gid = "lab1_reducers", "ex3_pickle_size"
+    source = release.read(release.SOURCE / f"{lab}.ipynb")
+    answer = next(c.source for c in source.cells if _meta(c).get("grade_id") == gid)
+    timed = answer.replace("print(pickle_size(10)", "%time print(pickle_size(10)")
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    ok = grade.grade(_with_answer(lab, gid, timed, tmp_path / "a"), only={f"test_{gid}"})
+    (ex,) = ok.exercises
+    assert ex.score == ex.points == 1, ex
+    assert "as plain Python" in ex.output, ex.output  # it says what it ran instead
+
+    shell = "!ls /dev/shm\n" + answer
+    bad = grade.grade(_with_answer(lab, gid, shell, tmp_path / "b"), only={f"test_{gid}"})
+    (ex,) = bad.exercises
+    assert ex.score == 0
+    assert "line 1: !ls /dev/shm" in ex.error and "not supported" in ex.error, ex.error
+    assert "subprocess.run" in ex.error, ex.error  # ... and what to write instead

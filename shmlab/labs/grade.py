@@ -13,6 +13,11 @@ Note — how a grade is earned, and what cannot earn one:
   (``os._exit``), hangs (per-cell and per-notebook time limits, then SIGKILL of its process
   group), or sends no verdict. Cells run as plain Python, so there is no IPython to bend
   (``set_custom_exc``, ``showtraceback``, ``input_transformers_post`` raise NameError).
+* **IPython syntax** in an answer cell (``%time``, ``!ls``, ``%%bash``) is a SyntaxError in
+  plain Python. The runner rewrites the harmless magics (timing, set-up) into the Python they
+  wrap and says so in the output; any other magic or shell escape scores 0 with a message that
+  names the line, says magics are not supported in graded cells and what to write instead
+  (runner's Note [Magics in graded cells]).
 * **The check code is fingerprinted** (``integrity.fingerprint``) before the first cell and
   after the test; a learner who patched ``Cases``, rebound a lab module, a builtin or a
   ``__code__`` fails that exercise with the name of what changed. Names the set-up bound

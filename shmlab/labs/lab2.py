@@ -1,4 +1,4 @@
-"""Checks for lab 2: unlinked segments, SCM_RIGHTS, and the receiver's cache."""
+"""Checks for lab 2: unlinked segments, SCM_RIGHTS, the receiver's cache, and its fds."""
 
 from __future__ import annotations
 
@@ -115,3 +115,70 @@ def _check_fd_per_storage(c, rebuild_storage_fd, create_unlinked_segment):
     left = fd_count() - before
     c.check(left == 0, f"when the storage dies, its fd goes too ({left} left)",
             "keep no fd of your own in the cache: the storage owns its fd")
+
+
+
+def check_fd_ledger(receive_storage, send_fd, create_unlinked_segment, repeats=3):
+    """``repeats``: how often segment A is sent (the grader sends it more often)."""
+    import gc
+
+    with Cases("Exercise 4: count the fds across a send and a release") as c:
+        parent_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sender = run_in_child(_send_ledger, child_sock, send_fd, create_unlinked_segment,
+                                  repeats)
+            # The sender has closed its fds and gone; the segments live on in the messages
+            # queued on parent_sock. From here on only receive_storage opens fds.
+            base, cache, got, held = fd_count(), {}, [], []
+            for _ in range(repeats + 1):
+                got.append(receive_storage(parent_sock, 64, cache))
+                held.append(fd_count() - base)
+        finally:
+            parent_sock.close()
+            child_sock.close()
+        print(f"  sender: {sender['created']} fds after creating A and B, {sender['sent']} "
+              f"after sending them, {sender['closed']} after closing them")
+        print(f"  receiver: {held[:repeats]} fds after each copy of A, {held[-1]} after B")
+        one = all(s is got[0] for s in got[:repeats])
+        c.check(one, f"segment A received {repeats} times gives one storage",
+                "pass the cache you were given on to rebuild_storage_fd: it finds A there")
+        c.check(_first_byte(got[0]) == b"A" and _first_byte(got[-1]) == b"B",
+                "the storages hold what the sender wrote (A, then B)",
+                "build the storage from the fd that arrived in the message")
+        c.check(held[0] == 1, f"after the first receipt the receiver holds 1 fd "
+                f"(held {held[0]})", "the storage keeps a dup of the fd it was built from: "
+                "the fd the message brought is yours to close once the storage is built")
+        c.check(held[repeats - 1] == 1, f"after {repeats} receipts of A it still holds 1 fd "
+                f"(held {held[repeats - 1]})", "every message brings a new fd, also for a "
+                "segment the cache already has: what becomes of that one?")
+        c.check(held[-1] == 2 and got[-1] is not got[0],
+                f"segment B adds one storage and one fd (held {held[-1]})",
+                "a different segment is a different storage with a dup of its own")
+        del got
+        cache.clear()
+        gc.collect()
+        left = fd_count() - (base - 2)  # the two sockets counted in `base` are closed now
+        c.check(left == 0, f"once the storages and the cache are released, 0 fds are left "
+                f"(left {left})", "an fd that outlives every storage is a leak: keep none "
+                "of your own")
+
+
+def _first_byte(storage) -> bytes | None:
+    fd, _ = storage._share_fd_cpu_()  # the storage's own fd: not a new one
+    return os.pread(fd, 1, 0)
+
+
+def _send_ledger(sock, send_fd, create_unlinked_segment, repeats):
+    """Send segment A ``repeats`` times, then segment B once, counting the sender's fds."""
+    base = fd_count()
+    a, b = create_unlinked_segment(64), create_unlinked_segment(64)
+    os.pwrite(a, b"A", 0)
+    os.pwrite(b, b"B", 0)
+    created = fd_count() - base
+    for _ in range(repeats):
+        send_fd(sock, a)
+    send_fd(sock, b)
+    sent = fd_count() - base
+    os.close(a)
+    os.close(b)
+    return {"created": created, "sent": sent, "closed": fd_count() - base}

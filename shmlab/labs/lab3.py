@@ -1,15 +1,19 @@
-"""Checks for lab 3: the 64-byte refcount header, attach/close, and safe updates."""
+"""Checks for lab 3: the 64-byte refcount header, attach/close, safe updates, a safe attach."""
 
 from __future__ import annotations
 
 import _posixshmem
 import contextlib
 import fcntl
+import mmap
 import os
+import struct
 
 from .. import _shm
 from .._shm import SHM_DIR
 from .report import Cases, fd_count, run_in_child
+
+_COUNT = struct.Struct("<i")  # the header's int32 at offset 0, as the lab's set-up reads it
 
 
 def _count(name: str):
@@ -149,3 +153,135 @@ def check_in_flight(send_handle, receive_handle, close):
         unlinked = not os.path.exists(f"{SHM_DIR}{name}")
         c.check(unlinked, "the receiver, the last holder, unlinks on close")
         del m
+
+
+
+_DEADLOCK = ("a second shm_open + flock in the same process waits for the first, so do not "
+             "call incref (or anything else that locks) while you hold the lock")
+
+
+def check_safe_attach(safe_attach):
+    name = _shm.new_name()
+    with Cases("Exercise 4: an attach that cannot revive a segment being freed") as c, \
+            _removed(name):
+        creator = _shm.create_refcounted(name, 16)
+        creator.buffer(_shm.HEADER_SIZE)[0] = 7
+        fds_before = fd_count()
+        worker, outcome = _attach_in_thread(safe_attach, name)
+        if not c.check(not worker.is_alive(), "safe_attach returns (within 5 s)",
+                       f"it hung: {_DEADLOCK}"):
+            return
+        m = outcome[0] if outcome else None
+        if isinstance(m, BaseException):
+            raise m  # on a live segment any exception is your code's: Cases shows its traceback
+        c.check(_count(name) == 2, f"a live segment: attach counts itself in, 1 -> 2 (got "
+                f"{_count(name)})", "read the count, add 1, write it back, all on the fd "
+                "you locked")
+        c.check(isinstance(m, mmap.mmap) and
+                bytes(memoryview(m)[_shm.HEADER_SIZE:_shm.HEADER_SIZE + 1]) == b"\x07",
+                "it returns a mapping that sees the creator's data",
+                "return mmap.mmap(fd, HEADER_SIZE + size)")
+        c.check(_lock_free(name), "the lock is free once attach returns",
+                "a mapping made from the locked fd keeps its open file, and so the flock, "
+                "alive after os.close(fd): release it with LOCK_UN")
+        _close(m)  # Python's mmap holds a dup of the fd until it is closed
+        c.check(fd_count() == fds_before, "once the mapping is closed, no fd is left open",
+                "close the fd you opened")
+        _set_count(name, 0)  # its last holder has decremented to 0 and is about to unlink it
+        fds_before = fd_count()
+        refused = _attach_outcome(safe_attach, name)
+        c.check(refused == "FileNotFoundError", f"a segment whose count is 0 is refused with "
+                f"FileNotFoundError (got: {refused})", "a count of 0 means its last holder "
+                "is unlinking it: mapping it now would hand out memory nobody counts")
+        c.check(_count(name) == 0, f"... and its count stays 0 (got {_count(name)})",
+                "decide before you write anything")
+        c.check(fd_count() == fds_before and _lock_free(name),
+                "that path leaves no fd open and no lock held", "the lock and the fd are "
+                "released on the raising path too")
+        _set_count(name, 1)
+        _check_race(c, safe_attach, name)
+        del creator
+
+
+def _check_race(c, safe_attach, name):
+    """Hold the lock, let attach start, drop the count to 0 under the lock, then let it in."""
+    probe = os.open(f"{SHM_DIR}{name}", os.O_RDWR)
+    fcntl.flock(probe, fcntl.LOCK_EX)  # another process's decref, in the middle of it
+    worker, outcome = _attach_in_thread(safe_attach, name, wait=0.3, then=_outcome)
+    waited = worker.is_alive()
+    os.pwrite(probe, _COUNT.pack(0), 0)  # that decref brings the count to 0
+    fcntl.flock(probe, fcntl.LOCK_UN)
+    os.close(probe)
+    worker.join(5)
+    c.check(waited, "attach waits while another process holds the lock",
+            "take LOCK_EX on the fd before you read the count")
+    if not c.check(not worker.is_alive(), "attach returns once the lock is free",
+                   f"it hung: {_DEADLOCK}"):
+        return
+    got = _named(outcome[0]) if outcome else None
+    c.check(got == "FileNotFoundError" and _count(name) == 0,
+            f"let in after that decrement to 0, it refuses (got: {got}, count "
+            f"{_count(name)})", "a count read before you held the lock can be stale by the "
+            "time you write it back: read it under the lock")
+
+
+def _attach_in_thread(safe_attach, name, wait: float = 5.0, then=lambda m: m):
+    """Call ``safe_attach(name, 16)`` in a daemon thread (it may deadlock): (thread, [result]).
+
+    ``then`` turns the mapping into the result; an exception raised is the result otherwise.
+    """
+    import threading
+
+    outcome: list = []
+
+    def call():
+        try:
+            outcome.append(then(safe_attach(name, 16)))
+        except Exception as exc:  # the learner's choice of exception is what is checked
+            outcome.append(exc)
+
+    worker = threading.Thread(target=call, daemon=True, name="lab3-attach")
+    worker.start()
+    worker.join(wait)
+    return worker, outcome
+
+
+def _outcome(mapping) -> str:
+    _close(mapping)
+    return "mapped"
+
+
+def _attach_outcome(safe_attach, name) -> str:
+    """'mapped', the name of the exception ``safe_attach`` raised, or 'hung'."""
+    worker, outcome = _attach_in_thread(safe_attach, name, then=_outcome)
+    return _named(outcome[0]) if outcome else "hung"
+
+
+def _named(result) -> str:
+    return type(result).__name__ if isinstance(result, BaseException) else result
+
+
+def _close(mapping) -> None:
+    with contextlib.suppress(Exception):
+        mapping.close()
+
+
+def _set_count(name: str, value: int) -> None:
+    fd = os.open(f"{SHM_DIR}{name}", os.O_RDWR)
+    try:
+        os.pwrite(fd, _COUNT.pack(value), 0)
+    finally:
+        os.close(fd)
+
+
+def _lock_free(name: str) -> bool:
+    """True if nobody holds the segment's flock (a non-blocking LOCK_EX on a new open works)."""
+    probe = os.open(f"{SHM_DIR}{name}", os.O_RDONLY)
+    try:
+        fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(probe, fcntl.LOCK_UN)
+        return True
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(probe)

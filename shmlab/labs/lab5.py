@@ -42,6 +42,11 @@ def check_hogwild(train_worker):
     with Cases("Exercise 1: several processes train one shared model") as c:
         torch, data, make_model, accuracy = _setup()
         train_worker(0, 1, make_model(seed=0), data, 0)  # 0 epochs: a stub still raises here
+        shard = len(data.x_train[1::2])
+        seen = _rows_seen(train_worker, make_model(seed=0), data)
+        c.check(seen == shard, f"one epoch of worker 1 of 2 passes once over its shard "
+                f"({shard} rows; it fed the model {seen})", "each worker trains on its own "
+                "share of the data, `epochs` times: the rows rank, rank + world, ...")
         model = make_model(seed=0)
         model.share_memory()
         before = [p.detach().clone() for p in model.parameters()]
@@ -59,13 +64,59 @@ def check_hogwild(train_worker):
                 "each worker should run `epochs` passes over its shard data.x_train[rank::world]")
 
 
+
+def _rows_seen(train_worker, model, data) -> int:
+    """How many rows ``train_worker(1, 2, model, data, 1)`` feeds the model, in this process."""
+    import torch
+
+    class Counting(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner, self.rows = inner, 0
+
+        def forward(self, x):
+            self.rows += x.shape[0]
+            return self.inner(x)
+
+    counting = Counting(model)
+    train_worker(1, 2, counting, data, 1)
+    return counting.rows
+
+
+def check_baseline(baseline):
+    with Cases("Exercise 2: a fresh single-process baseline") as c:
+        _, data, _, accuracy = _setup()
+        with _counting_models(baseline) as made:
+            start = time.perf_counter()
+            result = baseline()
+            wall = time.perf_counter() - start
+        print(f"  baseline() returned {result} in {wall:.2f} s")
+        if not c.check(isinstance(result, dict) and {"seconds", "accuracy"} <= set(result),
+                       "baseline() returns a dict with 'accuracy' and 'seconds'",
+                       "return a dict with those two keys"):
+            return
+        c.check(len(made) >= 1, f"baseline() trains a fresh model (make_model called "
+                f"{len(made)} time(s) inside it)", "a model built or trained before "
+                "baseline() ran measures nothing: build it inside")
+        accs = [accuracy(m, data.x_test, data.y_test) for m in made]
+        c.check(any(abs(a - result["accuracy"]) < 1e-6 for a in accs),
+                "the accuracy reported is that of the model baseline() built",
+                "report accuracy(model, data.x_test, data.y_test) of the model you trained")
+        c.check(result["accuracy"] >= 0.85, f"it reaches >= 0.85 test accuracy "
+                f"({result['accuracy']:.3f})", "train it for 5 epochs with train_worker")
+        c.check(0.5 * wall <= result["seconds"] <= wall + 0.05, f"the time reported "
+                f"({result['seconds']:.2f} s) is most of what baseline() took ({wall:.2f} s), "
+                "and not more", "time.perf_counter() just before and just after the training")
+
+
 def check_measurement(measure):
-    with Cases("Exercise 2: measure Hogwild against one process") as c:
+    with Cases("Exercise 3: measure Hogwild against the baseline") as c:
         _, data, _, accuracy = _setup()
         with _counting_models(measure) as made:
             start = time.perf_counter()
             result = measure()
             wall = time.perf_counter() - start
+        print(f"  measure() returned {result} in {wall:.2f} s")
         keys = {"single_seconds", "single_accuracy", "hogwild_seconds", "hogwild_accuracy"}
         if not c.check(isinstance(result, dict) and keys <= set(result),
                        f"measure() returns a dict with {sorted(keys)}",
@@ -73,7 +124,7 @@ def check_measurement(measure):
             return
         c.check(len(made) >= 2, f"measure() trains two fresh models (make_model called "
                 f"{len(made)} time(s) inside it)", "a model trained before measure() ran "
-                "measures nothing: build the single-process and the shared model inside it")
+                "measures nothing: run the baseline and build the shared model inside it")
         accs = [accuracy(m, data.x_test, data.y_test) for m in made]
         single = [i for i, a in enumerate(accs) if abs(a - result["single_accuracy"]) < 1e-6]
         hog = [i for i, a in enumerate(accs) if abs(a - result["hogwild_accuracy"]) < 1e-6]
@@ -81,12 +132,18 @@ def check_measurement(measure):
                 "of two different models measure() built", "report accuracy(model, "
                 "data.x_test, data.y_test) of each model you trained, not numbers you wrote")
         c.check(result["single_accuracy"] >= 0.85 and result["hogwild_accuracy"] >= 0.85,
-                "both reach >= 0.85 test accuracy", "train the same number of epochs")
+                "both reach >= 0.85 test accuracy", "both train 5 epochs; the shared one "
+                "learns only if share_memory() ran before the workers started")
         spent = result["single_seconds"] + result["hogwild_seconds"]
         c.check(0.5 * wall <= spent <= wall + 0.05, f"the two times ({spent:.2f} s) are most "
                 f"of what measure() took ({wall:.2f} s), and not more",
-                "time.perf_counter() just before and just after each run (start to join)")
-
+                "time each run from just before it starts to just after it ends (the "
+                "processes joined)")
+        if all(isinstance(result[k], (int, float)) for k in keys):
+            ratio = result["single_seconds"] / max(result["hogwild_seconds"], 1e-9)
+            print(f"  Hogwild took {result['hogwild_seconds']:.2f} s against "
+                  f"{result['single_seconds']:.2f} s: {ratio:.2f}x; accuracy "
+                  f"{result['hogwild_accuracy']:.3f} against {result['single_accuracy']:.3f}")
 
 @contextlib.contextmanager
 def _counting_models(measure):
@@ -112,7 +169,7 @@ def _counting_models(measure):
 
 
 def check_identity(storage_identity):
-    with Cases("Exercise 3: the same segment behind the parameters in every process") as c:
+    with Cases("Exercise 4: the same segment behind the parameters in every process") as c:
         torch, _, make_model, _ = _setup()
         import torch.multiprocessing as mp
 

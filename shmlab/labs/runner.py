@@ -28,6 +28,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import re
 import sys
 import traceback
 import types
@@ -37,6 +38,78 @@ from . import integrity
 # Imported before any cell; the set-up cells import the rest (the lab's module, torch for lab 5),
 # and the first fingerprint is taken after them, just before the first learner line runs.
 CHECK_MODULES = ("shmlab.labs.runner", "shmlab.labs.report", "shmlab.demo.actor")
+
+
+# IPython syntax in a learner's cell (Note [Magics in graded cells], below).
+_MAGIC = re.compile(r"^(?P<indent>[ \t]*)(?P<sigil>%%|%|!!|!)(?P<name>\w*)(?P<rest>.*)$")
+_IPYTHON_ONLY = re.compile(r"^[ \t]*([\w.]+[ \t]*=[ \t]*[%!]|\??[\w.]+\?\??[ \t]*$)")
+_TIMEIT_OPTIONS = re.compile(r"^[ \t]*((-[nrp][ \t]*\d+|-[qoct])[ \t]+)*")
+_TIMERS = {"time", "timeit"}  # run the statement they wrap, once
+_NO_OPS = {"matplotlib", "load_ext", "autoreload", "config"}  # only set IPython up
+
+
+class _Unsupported(Exception):
+    """An answer cell uses IPython syntax that has no plain-Python meaning here."""
+
+
+def _plain_python(source: str) -> tuple[str, list[str]]:
+    """``source`` with its harmless magics rewritten, and a note for each; or ``_Unsupported``.
+
+    Note [Magics in graded cells]: answer cells run as plain Python (no IPython, so nothing
+    to bend), so ``%time``, ``!ls`` or ``%%bash`` are syntax errors here although they ran in
+    the learner's Jupyter. Only a cell that does not compile is looked at, and only the line
+    the SyntaxError names: a ``%`` in a string or an expression is never touched. Timing
+    magics run the code they wrap (``%time x = f()`` runs ``x = f()``; ``%%time`` /
+    ``%%timeit`` run the cell), set-up magics (``%matplotlib``, ``%load_ext``,
+    ``%autoreload``, ``%config``) become ``pass``; each says so in the output. Everything
+    else (``!cmd``, ``%%bash``, ``%run``, ``%cd``, ``x = !ls``, ``obj?``) scores 0 with a
+    message saying why and what to write instead: running a shell command, or another
+    notebook, is not an answer the grader can reproduce.
+    """
+    lines, notes = source.split("\n"), []
+    for _ in range(len(lines) + 1):
+        try:
+            compile("\n".join(lines), "<answer>", "exec")
+            return "\n".join(lines), notes
+        except SyntaxError as err:
+            n = (err.lineno or 0) - 1
+            if not 0 <= n < len(lines):
+                return source, []
+            line, fixed = lines[n], _rewrite(lines[n], first=n == 0)
+            if fixed is None:
+                if _MAGIC.match(line) or _IPYTHON_ONLY.match(line):
+                    raise _Unsupported(f"line {n + 1}: {line.strip()[:80]}") from None
+                return source, []  # a plain syntax error: the learner sees it as it is
+            notes.append(f"note: the grader ran line {n + 1}, `{line.strip()[:60]}`, as "
+                         f"`{fixed.strip()[:60] or '(nothing)'}`: graded cells run as plain "
+                         "Python, without IPython's magics")
+            lines[n] = fixed
+    return source, []
+
+
+def _rewrite(line: str, first: bool) -> str | None:
+    """The plain-Python twin of one magic line, or None if it has none."""
+    m = _MAGIC.match(line)
+    if not m:
+        return None
+    indent, sigil, name, rest = m.group("indent", "sigil", "name", "rest")
+    if sigil == "%%" and first and not indent and name in _TIMERS:
+        return ""
+    if sigil == "%" and name in _TIMERS:
+        return indent + _TIMEIT_OPTIONS.sub("", rest, count=1).strip() or indent + "pass"
+    if sigil == "%" and name in _NO_OPS:
+        return indent + "pass"
+    return None
+
+
+def _unsupported_reason(label: str, where: str) -> str:
+    return (f"your cell {label} uses IPython syntax ({where}): graded answer cells run as "
+            "plain Python, without IPython, so magics (%, %%) and shell escapes (!) are not "
+            "supported there (only %time, %timeit, %%time, %%timeit and set-up magics such "
+            "as %matplotlib are run as the Python they wrap). Write it in Python "
+            "(subprocess.run([...]) for a shell command, os.listdir() for !ls, "
+            "time.perf_counter() for timing), or move it to a cell below the exercise's "
+            "check cell, which the grader does not run")
 
 
 def _send(out, message: dict) -> None:
@@ -76,8 +149,17 @@ def run(job: dict, out) -> dict:
             before = integrity.fingerprint()
         _send(out, {"cell": cell["label"]})
         filename = f"<{cell['role']} {cell['label']}>"
+        source = cell["source"]
+        if cell["role"] == "answer":
+            try:
+                source, notes = _plain_python(source)
+            except _Unsupported as where:
+                return {"passed": False, "traceback": "",
+                        "reason": _unsupported_reason(cell["label"], str(where))}
+            for note in notes:
+                print(note)
         try:
-            exec(compile(cell["source"], filename, "exec"), ns)
+            exec(compile(source, filename, "exec"), ns)
         except BaseException as exc:  # SystemExit and KeyboardInterrupt are answers too
             if cell["role"] == "answer" and isinstance(exc, NotImplementedError):
                 return {"passed": False, "traceback": "", "reason": "not implemented yet: "
