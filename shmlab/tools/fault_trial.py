@@ -85,10 +85,10 @@ class MemberFault:
         self.thread: threading.Thread | None = None
         self.quiet_until = 0.0
         if kind == "drop":  # usually both (then no client connection is left), then quiet
-            self.record["drops"] = []  # for 0.5-1.5 grace periods: half the time, longer
+            self.record["drops"] = []  # for 1.2-2.5 grace periods: past the grace, always
             for role in rng.choice(((P, C), (C, P), (P,), (C,), (P, C), (C, P))):
                 self.drop(role)
-            self.record["quiet_s"] = round(rng.uniform(0.5, 1.5) * max(grace_s, 0.5), 3)
+            self.record["quiet_s"] = round(rng.uniform(1.2, 2.5) * max(grace_s, 0.5), 3)
             self.quiet_until = time.monotonic() + self.record["quiet_s"]
         else:
             role = rng.choice((P, C))

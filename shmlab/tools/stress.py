@@ -177,9 +177,12 @@ def run_trials(trials: int, seed: int, lib: str, strategy: str, deadline_s: floa
         return [run_trial(rng.choice(KINDS), rng, lib, strategy, deadline_s=deadline_s)
                 for _ in range(trials)]
     grace_s = float(os.environ.get("SHMLAB_MANAGER_GRACE", 2.0))
-    return [_settle(run_fault_trial(rng.choice(fault_kinds), rng, grace_s, deadline_s,
+    # Each trial draws from a generator of its own, seeded from this one: how many random
+    # numbers a trial uses depends on timing (rounds), the kinds and seeds drawn here do not.
+    picks = [(rng.choice(fault_kinds), rng.getrandbits(64)) for _ in range(trials)]
+    return [_settle(run_fault_trial(kind, random.Random(seed), grace_s, deadline_s,
                                     _exit_codes, _reap_managers), set())
-            for _ in range(trials)]
+            for kind, seed in picks]
 
 
 # -- the command --------------------------------------------------------------------------------
