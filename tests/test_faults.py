@@ -297,3 +297,64 @@ def test_stress_command_leaks_nothing():
         assert incident["files_at_exit"] == 0 and incident["left_on_their_own"], incident
     assert summary["reclaim_s"]["median"] <= RECLAIM_LIMIT_S
     assert out.returncode == 0
+
+
+def _stress_faults(tmp_path, *args: str, pythonpath: str | None = None,
+                   timeout: float = 240) -> tuple[int, dict]:
+    """`python -m shmlab.stress --faults ... --json` with a 0.5 s grace, in a private mount
+    namespace with its own /dev/shm tmpfs where the machine allows one (root, unshare)."""
+    env = dict(os.environ, SHMLAB_MANAGER_GRACE="0.5")
+    if pythonpath:  # and run there: `python -m` puts the working directory first on sys.path
+        env["PYTHONPATH"] = pythonpath
+    argv = [sys.executable, "-m", "shmlab.stress", *args, "--json"]
+    if os.geteuid() == 0 and shutil.which("unshare"):
+        argv = ["unshare", "--mount", "sh", "-c", 'mount -t tmpfs -o size=256m tmpfs /dev/shm'
+                ' && exec "$@"', "sh", *argv]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env,
+                         cwd=pythonpath)
+    assert out.stdout, out.stderr[-2000:]
+    return out.returncode, json.loads(out.stdout)
+
+
+@pytest.mark.timeout(300)
+def test_stress_faults_never_unlink_a_live_segment(tmp_path):
+    """Two trials or more of every fault kind (this seed draws each one), a live family
+    allocating, sending and checking data through each: nothing live unlinked, nothing
+    leaked, no crash, nothing stuck, good data; exit status 0."""
+    from shmlab.tools.fault_trial import FAULT_KINDS
+
+    rc, summary = _stress_faults(tmp_path, "--trials", "16", "--faults", "all", "--seed", "102",
+                                 "--parallel", "2")
+    table = summary["faults"]
+    print(json.dumps(table, indent=1), summary["wall_s"], "s")
+    assert sorted(table) == sorted(FAULT_KINDS)
+    assert all(row["trials"] >= 2 for row in table.values()), table
+    for kind, row in table.items():
+        bad = {k: row[k] for k in ("live_unlinked", "leaked", "crashes", "stuck", "bad_data",
+                                   "managers_stuck") if row[k]}
+        assert not bad, (kind, bad, summary["incidents"])
+        assert row["exits_seen"] == row["trials"], (kind, row)  # every exit status was read
+        assert row["rounds"] >= 2 * row["trials"], (kind, row)
+    assert rc == 0
+
+
+@pytest.mark.timeout(200)
+def test_stress_faults_fail_against_a_manager_that_counts_connections(tmp_path):
+    """The detector is not vacuous: a scratch copy of shmlab whose manager forgets a member
+    the moment its connection drops (torch's rule) loses live segments under `drop`, and
+    the tool says so and exits 1."""
+    import shmlab
+
+    copy = tmp_path / "broken"
+    shutil.copytree(os.path.dirname(shmlab.__file__), copy / "shmlab",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    liveness = copy / "shmlab" / "manager" / "liveness.py"
+    text = liveness.read_text()
+    rule = "return [m.pid for m in self.by_pid.values() if m.open_conns <= 0 and m.kept]"
+    assert rule in text
+    liveness.write_text(text.replace(rule, "return []  # broken on purpose"))
+    rc, summary = _stress_faults(tmp_path, "--trials", "3", "--faults", "drop", "--seed", "3",
+                                 pythonpath=str(copy))
+    row = summary["faults"]["drop"]
+    print(row)
+    assert row["live_unlinked"] > 0 and rc == 1

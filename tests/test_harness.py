@@ -6,12 +6,14 @@ that the README's first command starts a JupyterLab rooted at notebooks/.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -78,6 +80,47 @@ def test_leakcheck_fails_a_test_that_leaks_and_cleans_up(leaky_run):
     assert not os.path.exists(leaked_file), "the checker should have unlinked the leaked file"
     leaked_pid = int((pytester.path / "leaked_pid").read_text())
     assert not psutil.pid_exists(leaked_pid), "the checker should have killed the leaked child"
+
+
+ORPHAN = """
+import subprocess, sys
+p = subprocess.Popen([sys.executable, "-m", "shmlab.manager", "--grace", "60"],
+                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+print(p.pid, p.stdout.readline().decode().strip(), flush=True)
+"""  # the starter exits at once: its manager is an orphan, re-parented away from us
+
+
+def _orphaned_manager(env: dict) -> int:
+    out = subprocess.run([sys.executable, "-c", ORPHAN], env=env, capture_output=True,
+                         text=True, timeout=60, check=True).stdout.split()
+    assert out[1].endswith("/manager.sock"), out
+    return int(out[0])
+
+
+@pytest.mark.timeout(90)
+def test_leakcheck_blames_only_orphaned_managers_of_its_own_run():
+    """Two real shmlab managers orphaned the same way: one started under this run's marker,
+    one under another run's (the environment a test run next to ours gives its children).
+    Before: both counted as this test's leak (and were killed) once re-parented to init."""
+    from support import leakcheck
+
+    ours = theirs = None
+    try:
+        ours = _orphaned_manager(dict(os.environ))
+        theirs = _orphaned_manager(dict(os.environ, **{leakcheck.RUN_ENV: "another-run"}))
+        found = leakcheck.manager_pids()
+        parents = {pid: psutil.Process(pid).ppid() for pid in (ours, theirs)}
+    finally:
+        for pid in (ours, theirs):
+            if pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+    print(f"ours {ours}, theirs {theirs}, parents {parents}, found {found}")
+    assert all(ppid != os.getpid() for ppid in parents.values())  # orphans, both
+    assert ours in found and theirs not in found
+    deadline = time.monotonic() + 10  # not our children: whoever adopted them reaps them
+    while {ours, theirs} & leakcheck.manager_pids() and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 # --- (b) a notebook carrying outputs is detected ---------------------------------------------

@@ -359,3 +359,39 @@ def test_partial_snapshot_reads_the_table_it_is_given_and_keeps_the_parts_it_is_
     assert shot.managers is kept_managers and shot.limits is kept_limits  # not probed again
     assert list(shot.fds) == [os.getpid()] and [s.name for s in shot.segments] == [seg.name]
     assert introspect.managers(table={}) == []
+
+
+@pytest.mark.timeout(60)
+def test_events_read_the_rotated_log_first_then_the_current_one():
+    """A real manager with the smallest log (--log-bytes 4096): 60 REGISTERs (~125 bytes
+    each) rotate events.jsonl once into events.jsonl.1; events() gives all of them, oldest
+    first, from "started" on. (Before: only events.jsonl, i.e. from the rotation on.)"""
+    from shmlab.manager import faults
+
+    daemon = subprocess.Popen([sys.executable, "-m", "shmlab.manager", "--grace", "0.3",
+                               "--log-bytes", "4096"], stdout=subprocess.PIPE)
+    try:
+        path = daemon.stdout.readline().decode().strip()
+        folder = os.path.dirname(path)
+        pid = os.getpid()  # names need not exist to be registered: nothing lands in /dev/shm
+        names = [f"shmlab_{pid}_rotate{i}_0" for i in range(60)]
+        with faults.connect(path) as sock:
+            buf = bytearray()
+            sock.sendall(b"".join(f"REGISTER {pid} {n}\n".encode() for n in names))
+            assert [faults.readline(sock, buf) for _ in names] == [b"OK"] * len(names)
+            older, current = (open(os.path.join(folder, f), "rb").read()
+                              for f in ("events.jsonl.1", "events.jsonl"))
+            found = introspect.events(path)
+            sock.sendall(b"BYE\n")
+        assert daemon.wait(30) == 0
+    finally:
+        daemon.kill()
+        daemon.wait()
+        daemon.stdout.close()
+    lines = older.splitlines() + current.splitlines()
+    print(f"{len(older)} + {len(current)} bytes, {len(lines)} events")
+    assert older and current and len(older) <= 4096
+    assert [e["event"] for e in found[:2]] == ["started", "joined"]
+    assert [e["name"] for e in found if e["event"] == "registered"] == names
+    assert len(found) == len(lines) == len(names) + 2
+    assert [e["t"] for e in found] == sorted(e["t"] for e in found)

@@ -189,8 +189,9 @@ class Holder:
         return {"segments": [segment(t, self.strategy) for t in mine],
                 "managers": child_managers()}
 
-    def put(self, flush=True):
-        for t in self.tensors(FAMILY):
+    def put(self, flush=True, last=None):
+        mine = self.tensors(FAMILY)
+        for t in mine[-last:] if last else mine:  # last=k: only the k newest (the stress rounds)
             self.dataq.put(t)
         if flush:  # only for a few messages: a full pipe (64 KiB) waits for the consumer
             self.dataq.close()
@@ -241,10 +242,22 @@ class Holder:
 
     def reset_manager(self):
         """shmlab only: forget a dead manager, as its ManagerError says to."""
-        from ..manager import client  # the one import of the manager client in shmlab.demo
+        from ..manager import client  # shmlab.demo imports the client only here and below
 
         client.reset()
         return {}
+
+    def drop_manager(self):
+        """shmlab only: hang up on every manager without BYE, as a connection cut by a fault
+        would; this process lives on and the next request reconnects (``get_client``)."""
+        from ..manager import client
+
+        dropped = 0
+        for c in list(client._clients.values()):
+            with c._lock:  # no request of ours is half-way through it
+                dropped += not c.closed
+                c._close_locked()  # close() would say BYE first: "I left", which we did not
+        return {"dropped": dropped}
 
 
 def commands(lib: str, dataq, strategy: str | None = None) -> dict:
@@ -280,13 +293,16 @@ def commands(lib: str, dataq, strategy: str | None = None) -> dict:
     =============  ========================  ===============================================
     share          N, SIZE                   {"segments", "managers"}: N more tensors of SIZE
                                              float32, the k-th held full of k, shared
-    put            FLUSH=True                {}; all of them onto dataq (FLUSH: and close it)
+    put            FLUSH=True, LAST=None     {}; all of them (or the LAST newest) onto dataq
+                                             (FLUSH: and close it, so only once)
     get            N, TIMEOUT                like ``read``, after taking N off dataq
     read           -                         {"values" ([0] each), "segments", "own_managers"}
     release        -                         {}; lets go of everything held (any key), gc
     fork_share     -                         ``share(1, 4)``'s reply, from a fork grandchild
     limit_fds      NOFILE                    like ``fds``, after setting the soft limit
     reset_manager  -                         {}; shmlab only: forget a dead manager
+    drop_manager   -                         {"dropped"}; shmlab only: hang up on the
+                                             managers without BYE (a cut connection)
     exit           -                         None; then everything held is let go
     =============  ========================  ===============================================
 
@@ -300,5 +316,5 @@ def commands(lib: str, dataq, strategy: str | None = None) -> dict:
         "ptrs": h.ptrs, "shared": h.shared, "write": h.write, "fds": h.fds,
         "share": h.share, "put": h.put, "get": h.get, "read": h.read, "release": h.release,
         "fork_share": h.fork_share, "limit_fds": h.limit_fds, "reset_manager": h.reset_manager,
-        "exit": h.release,
+        "drop_manager": h.drop_manager, "exit": h.release,
     }

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import psutil
 
+from ..manager.eventlog import LOG_NAME
 from ..manager.protocol import DAEMON_MODULE
 from .processes import ProcStat, process_table
 
@@ -77,18 +78,38 @@ def managers(*, table: dict[int, ProcStat] | None = None) -> list[ManagerInfo]:
 
 
 def events(manager: ManagerInfo | str | os.PathLike) -> list[dict]:
-    """A shmlab manager's ``<dir>/events.jsonl``; ``manager``: its ManagerInfo, dir or socket."""
+    """A shmlab manager's event log, oldest first: ``<dir>/events.jsonl.1`` (what was rotated
+    out past --log-bytes, see shmlab/manager/eventlog.py), then ``<dir>/events.jsonl``.
+    ``manager``: its ManagerInfo, dir or socket."""
     path = manager.socket_path if isinstance(manager, ManagerInfo) else os.fspath(manager)
     if path is None:
         return []
     folder = path if os.path.isdir(path) else os.path.dirname(path)
-    try:
-        with open(os.path.join(folder, "events.jsonl"), "rb") as log:
-            lines = log.read().splitlines(keepends=True)
-    except FileNotFoundError:
+    log = os.path.join(folder, LOG_NAME)
+    # The current file first, then the rotated one: a rotation in between turns our current
+    # file into the .1 we open next (same inode): read it once. Opened the other way round,
+    # that rotation would hide the lines of the file rotated out meanwhile.
+    current = _read(log)
+    if current is None:
         return []  # torch's manager keeps no log; a shmlab one removes its dir on exit
+    older = _read(log + ".1")
+    if older is not None and older[0] == current[0]:
+        older = None
+    return _parse(older[1] if older else b"") + _parse(current[1])
+
+
+def _read(path: str) -> tuple[int, bytes] | None:
+    """(inode, contents) of a file, or None if it is not there."""
+    try:
+        with open(path, "rb") as f:
+            return os.fstat(f.fileno()).st_ino, f.read()
+    except FileNotFoundError:
+        return None
+
+
+def _parse(data: bytes) -> list[dict]:
     found = []
-    for line in lines:
+    for line in data.splitlines(keepends=True):
         if not line.endswith(b"\n"):
             break  # the daemon is mid-write: the line is whole on the next read
         try:

@@ -15,6 +15,7 @@ without a timeout, and everything opened is closed by the caller through the ret
     fill(handle, n)                      n real 64-byte segments registered on one connection
     free_flood(handle, nbytes)           nbytes of bad "FREE" lines, replies never read
     status_storm(handle, threads, s)     threads asking STATUS back to back for s seconds
+    bad_lines(handle, rng)               a few connections sending floods of bad lines
     register_latency(handle, n)          n REGISTER round trips (seconds each) on a fresh conn
 
 For the stress tool, `start(kind, handle, pid, rng)` begins one fault of KINDS against a live
@@ -36,7 +37,7 @@ import time
 
 from .._shm import PREFIX, SHM_DIR
 
-KINDS = ("stall", "observers", "big_status")
+KINDS = ("stall", "observers", "big_status", "bad_lines", "status_storm")
 _made = itertools.count()  # makes every name of ours unique, whatever the random part says
 
 TIMEOUT_S = 10.0  # no fault function waits on the manager longer than this per reply
@@ -241,6 +242,29 @@ def register_latency(handle: bytes | str, n: int = 20, timeout: float = 1.0) -> 
     return out
 
 
+def bad_lines(handle: bytes | str, rng: random.Random) -> tuple[list[socket.socket], int]:
+    """1-4 connections, each sending one kind of garbage until the manager cuts it off:
+    bad FREE lines (no reply), unknown commands (an ERR each, never read), or one line
+    longer than MAX_LINE. Returns (connections, bytes sent); close_all() them."""
+    socks, sent = [], 0
+    for _ in range(rng.randint(1, 4)):
+        what = rng.choice(("free", "unknown", "long"))
+        if what == "free":
+            socks.append(free_flood(handle, rng.randint(64 << 10, 2 << 20)))
+            continue
+        chunk = b"XYZZY 1 2\n" * 6554 if what == "unknown" else b"x" * 8192  # no newline
+        try:
+            sock = connect(handle, timeout=2.0)
+        except OSError:
+            continue
+        socks.append(sock)
+        with contextlib.suppress(OSError):  # cut off (or back-pressured): that is the point
+            for _ in range(rng.randint(1, 16)):
+                sock.sendall(chunk)
+                sent += len(chunk)
+    return socks, sent
+
+
 # -- one fault in the background, for the stress tool -------------------------------------------
 class Fault:
     """A fault running against one manager; stop() ends it and says what it did."""
@@ -263,6 +287,16 @@ class Fault:
                                             daemon=True)
             self._thread.start()
             self.record["names"] = n
+        elif kind == "bad_lines":  # floods of bad lines on 1-4 connections, in a thread
+            self._thread = threading.Thread(target=self._bad_lines, args=(handle, rng),
+                                            daemon=True)
+            self._thread.start()
+        elif kind == "status_storm":  # 0-4,000 extra names, 2-8 STATUS callers for 0.5-2 s
+            n, threads, seconds = rng.randint(0, 4000), rng.randint(2, 8), rng.uniform(0.5, 2)
+            self._thread = threading.Thread(target=self._storm, args=(handle, n, threads,
+                                                                      seconds), daemon=True)
+            self._thread.start()
+            self.record.update(names=n, threads=threads, seconds=round(seconds, 3))
         else:
             raise ValueError(f"unknown fault {kind!r}: one of {KINDS}")
 
@@ -276,6 +310,30 @@ class Fault:
         self._names.extend(names)
         with contextlib.suppress(OSError):
             sock.sendall(b"STATUS 0 1000\n" * 20)
+
+    def _bad_lines(self, handle, rng: random.Random) -> None:
+        try:
+            socks, sent = bad_lines(handle, rng)
+        except OSError as exc:
+            self.record["error"] = repr(exc)
+            return
+        self._socks.extend(socks)
+        self.record.update(connections=len(socks), bytes=sent)
+
+    def _storm(self, handle, n: int, threads: int, seconds: float) -> None:
+        if n:  # names make every STATUS answer bigger; they are ours, FREEd in stop()
+            try:
+                sock, names = fill(handle, n)
+            except (OSError, RuntimeError) as exc:
+                self.record["error"] = repr(exc)
+                return
+            self._socks.append(sock)
+            self._names.extend(names)
+        self.record.update(status_storm(handle, threads, seconds))
+
+    def active(self) -> bool:
+        """Is the fault still going on (a stall not over, a flood still being sent)?"""
+        return self._thread is not None and self._thread.is_alive()
 
     def stop(self, timeout: float = 10.0) -> dict:
         """End the fault (SIGCONT is guaranteed by stall()), say BYE, unlink what we made."""

@@ -8,11 +8,23 @@ unlinked, so the next test starts clean, and the test errors with a list of what
 
 Long-lived helpers that multiprocessing starts once and keeps by design (the forkserver and
 the resource tracker) are not leaks.
+
+Note [Whose orphaned manager is it?]
+Several test runs share a machine (and this venv), and a manager outlives its starter by
+design, re-parented to init (or the nearest subreaper). "A manager of this venv whose parent
+is gone" therefore named other runs' managers too: a run blamed, and killed, managers of a
+run next to it. So this plugin puts a marker in its environment (RUN_ENV, one value per
+session; a nested pytest inherits it), every process the tests start inherits it, and a
+manager counts as ours if its parent is in this test's process family or, once orphaned, if
+its environment carries our marker (/proc/<pid>/environ, readable for our own uid). A test
+that starts a manager with an environment of its own (env={...} without the marker) and
+orphans it is not caught; one whose starter still runs is.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import sys
 import time
@@ -25,6 +37,8 @@ SHM_PREFIXES = ("torch_", "shmlab_", "psm_")
 MANAGER_MARKERS = ("torch_shm_manager", "shmlab.manager")
 # torch's manager waits 2 s after its last client; allow for a loaded 2-core machine.
 GRACE_S = float(os.environ.get("SHMLAB_LEAKCHECK_GRACE", "6"))
+RUN_ENV = "SHMLAB_LEAKCHECK_RUN"  # see Note [Whose orphaned manager is it?]
+RUN_ID = os.environ.setdefault(RUN_ENV, f"{os.getpid()}-{secrets.token_hex(8)}")
 
 
 def _family() -> set[int]:
@@ -68,6 +82,16 @@ def _is_manager(proc: psutil.Process) -> bool:
     return path.startswith(sys.prefix)
 
 
+def _ours(proc: psutil.Process, family: set[int]) -> bool:
+    """Started by this test run: a child of its family, or an orphan carrying its marker."""
+    if proc.ppid() in family:
+        return True
+    try:
+        return proc.environ().get(RUN_ENV) == RUN_ID
+    except (psutil.AccessDenied, psutil.ZombieProcess):
+        return False
+
+
 def manager_pids() -> set[int]:
     uid = os.getuid()
     family = _family()
@@ -75,7 +99,7 @@ def manager_pids() -> set[int]:
     for proc in psutil.process_iter(["uids"]):
         try:
             if (proc.info["uids"] and proc.info["uids"].real == uid and _is_manager(proc)
-                    and not _foreign(proc.ppid(), family)):
+                    and _ours(proc, family)):
                 found.add(proc.pid)
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
