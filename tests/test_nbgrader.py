@@ -11,7 +11,7 @@ installs only nbgrader and the few packages the suite does not have (NBGRADER, p
 other version comes from the constraints file of this Python), in about a minute instead of a
 whole Jupyter stack. The kernel autograde starts is that venv's python (a cell in each
 submission prints sys.executable), with Jupyter's config, data and runtime folders inside the
-test's tmp_path so nothing outside it is read or written.
+test's tmp_path, and pip's cache off, so nothing outside it is read or written.
 
 Needs the package index: where pip cannot fetch nbgrader the test is skipped with pip's reason,
 except under CI=true, where it fails.
@@ -74,8 +74,9 @@ def _throwaway_venv(venv: Path) -> Path:
 
 def _fetch_nbgrader(vpy: Path, wheels: Path) -> None:
     """Download nbgrader's wheel; skip (fail under CI) if the index cannot give it."""
-    out = subprocess.run([vpy, "-m", "pip", "download", "--quiet", "--no-deps", "-d", wheels,
-                          NBGRADER[0]], capture_output=True, text=True, timeout=INSTALL_TIMEOUT)
+    out = subprocess.run([vpy, "-m", "pip", "download", "--quiet", "--no-cache-dir", "--no-deps",
+                          "-d", wheels, NBGRADER[0]],
+                         capture_output=True, text=True, timeout=INSTALL_TIMEOUT)
     if out.returncode != 0:
         reason = f"the package index did not give {NBGRADER[0]}: {out.stderr.strip()[-600:]}"
         if os.environ.get("CI") == "true":
@@ -114,9 +115,10 @@ def test_nbgrader_generates_and_autogrades_a_lab_unchanged(tmp_path):
 def _generate_and_autograde(tmp_path: Path) -> None:
     started = time.monotonic()
     vpy = _throwaway_venv(tmp_path / "venv")
-    _fetch_nbgrader(vpy, tmp_path / "wheels")
+    wheels = tmp_path / "wheels"
+    _fetch_nbgrader(vpy, wheels)
     pins = REPO / "requirements" / "constraints-py{}.{}.txt".format(*sys.version_info[:2])
-    _run([vpy, "-m", "pip", "install", "--quiet", "--find-links", tmp_path / "wheels",
+    _run([vpy, "-m", "pip", "install", "--quiet", "--no-cache-dir", "--find-links", wheels,
           "-c", pins, *NBGRADER], timeout=INSTALL_TIMEOUT)
     installed = time.monotonic() - started
 
