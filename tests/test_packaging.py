@@ -91,6 +91,15 @@ def conda_specs() -> dict[str, str]:
     return specs
 
 
+def conda_python_minors() -> list[str]:
+    """The Makefile's PYTHONS that environment.yml's `python` spec (`>=3.11,<3.14`) allows."""
+    (spec,) = [d.strip()[len("python"):] for d in environment()["dependencies"]
+               if isinstance(d, str) and re.match(r"python\b", d.strip())]
+    # conda's `=3.11` means 3.11.*; `>=3.11,<3.14` reads the same in both languages
+    allowed = SpecifierSet(f"=={spec[1:]}.*" if spec[:1] == "=" and spec[1:2] != "=" else spec)
+    return [m for m in makefile_pythons() if Version(m + ".99") in allowed]
+
+
 def pip_section() -> list[str]:
     sections = [d["pip"] for d in environment()["dependencies"] if isinstance(d, dict)]
     assert len(sections) == 1, "environment.yml should have exactly one `pip:` section"
@@ -118,22 +127,28 @@ def test_environment_yml_installs_shmlab_itself_from_conda_forge():
     assert environment()["channels"][0] == "conda-forge"
 
 
-def test_environment_yml_pins_match_the_tested_versions():
-    """`name=X.Y.*` in environment.yml agrees with the exact pin for its Python."""
-    pins = constraints(conda_specs()["python"].rstrip("*").rstrip("."))
+@pytest.mark.parametrize("minor", conda_python_minors())
+def test_environment_yml_pins_match_the_tested_versions(minor):
+    """`name=X.Y.*` in environment.yml agrees with the exact pin of every Python it allows."""
+    pins = constraints(minor)
     for name, spec in conda_specs().items():
         if name in CONDA_ONLY or not spec:
             continue
         prefix = spec.rstrip("*").rstrip(".")
         assert str(pins[name]).startswith(prefix + ".") or str(pins[name]) == prefix, (
-            f"environment.yml pins {name}={spec}, but the suite ran with {name}=={pins[name]}"
+            f"environment.yml pins {name}={spec}, but on Python {minor} the suite ran with "
+            f"{name}=={pins[name]}: narrow its `python` range or change the pin"
         )
 
 
-def test_environment_yml_python_is_allowed_by_pyproject():
-    python = conda_specs()["python"].rstrip("*").rstrip(".")
+def test_environment_yml_python_is_a_tested_range():
+    """Its `python` range is within requires-python and the Makefile's tested PYTHONS."""
+    minors = conda_python_minors()
     requires = SpecifierSet(pyproject()["project"]["requires-python"])
-    assert Version(python) in requires, f"python={python} vs requires-python {requires}"
+    assert minors, "environment.yml's python spec allows none of the Makefile's PYTHONS"
+    assert all(Version(m) in requires for m in minors), (minors, str(requires))
+    # the range has no hole and goes up to the newest tested Python
+    assert minors == makefile_pythons()[makefile_pythons().index(minors[0]):], minors
 
 
 @pytest.mark.parametrize("minor", sorted(constraint_files()))

@@ -1,22 +1,32 @@
-"""shmlab installs and runs on every supported Python found on this machine (issue 18).
+"""shmlab installs and runs on the supported Pythons found on this machine (issue 18).
 
-For each interpreter of the Makefile's PYTHONS that is here (pyenv's versions, `python3.N` on
-PATH, `/usr/bin/python3` — or exactly the ones in SHMLAB_PYTHONS, separated by `:`), one test
-runs `make setup PYTHON=<it> VENV=<throwaway>` as a learner would, then a smoke set in that venv:
-import, the pins are what got installed, one torch-vs-shmlab parity test per sharing strategy,
-`python -m shmlab.labs grade` on a lab's instructor copy (full marks), 00_start_here headless, the
-version-specific facts the notebooks teach, and pip's choice of the CPU torch build when a CPU
-index sits beside PyPI. Interpreters that are not here are skipped with the reason; with CI=true
-at least three must run.
+Which interpreters: of the Makefile's PYTHONS, those found here (pyenv's versions, `python3.N` on
+PATH, `/usr/bin/python3`). SHMLAB_PYTHONS says which of them run:
 
-The machine's proxy sends no caching headers, so pip's HTTP cache stores nothing: downloads are
-kept in a wheelhouse instead (SHMLAB_WHEELHOUSE, default ~/.cache/shmlab-wheelhouse; `off` to
-go to the network every time), filled by the interpreter's own `pip download` and handed to
-`make setup` as `PIP_ARGS=--find-links`. Each test prints its install and smoke times.
+* unset (what `make test` and CI do): the cheapest set that still covers the range, `select()`:
+  the oldest and the newest supported minor version found, and the distribution's own
+  `/usr/bin/python3` (built differently: Debian's has no ensurepip without python3-venv, and its
+  pip is older). The suite's own interpreter is left out (the whole suite just ran on it). Under
+  CI=true at least three must run.
+* `all` (`make test-pythons`): every one found. `none`: none (a quick local `make test`).
+* paths separated by `:`: exactly those.
 
-Not part of a plain `make test` yet: it builds five venvs (three with the CUDA build of torch,
-about 5 GB each) and took 45 min on a loaded 2-core machine. `make test-pythons` runs it
-(SHMLAB_TEST_PYTHONS=1); every other test skips it with that reason.
+For each, one test runs `make setup PYTHON=<it> VENV=<throwaway>` as a learner would, then a smoke
+set in that venv: import, the pins are what got installed, one torch-vs-shmlab parity test per
+sharing strategy, `python -m shmlab.labs grade` on a lab's instructor copy (full marks),
+00_start_here headless, the version-specific facts the notebooks teach, and pip's choice of the
+CPU torch build when a CPU index sits beside PyPI. Interpreters not found or not selected are
+skipped with the reason.
+
+Cost: without a CPU index for its Python, pip installs PyPI's CUDA build of torch (about 5 GB
+installed). The machine's proxy sends no caching headers, so pip's HTTP cache stores nothing:
+the big wheels (torch and, for the CUDA build, its NVIDIA wheels) are kept in a wheelhouse
+instead (SHMLAB_WHEELHOUSE, default ~/.cache/shmlab-wheelhouse; `off` to go to the network every
+time), filled by the interpreter's own `pip download` and handed to `make setup` as
+`PIP_ARGS=--find-links`, like a learner's pip cache. `--no-compile` is passed too: compiling
+every module of torch to bytecode in a venv that is deleted a minute later is pure waste (the
+modules the smoke set imports are compiled when imported). Each venv is deleted right after its
+test. Each test prints its install and smoke times.
 """
 
 from __future__ import annotations
@@ -26,6 +36,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import time
 import zipfile
 from pathlib import Path
@@ -36,9 +47,7 @@ from support.nbutil import REPO
 from test_packaging import constraints, makefile_pythons, pinned_lines
 
 SUPPORTED = makefile_pythons()
-if not os.environ.get("SHMLAB_TEST_PYTHONS"):
-    pytest.skip("installs on every supported Python (25-45 min): run `make test-pythons`",
-                allow_module_level=True)
+CHOICE = os.environ.get("SHMLAB_PYTHONS", "")
 MIN_UNDER_CI = 3
 PYENV_ROOT = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv"))
 WHEELHOUSE = os.environ.get("SHMLAB_WHEELHOUSE", str(Path.home() / ".cache/shmlab-wheelhouse"))
@@ -47,14 +56,14 @@ SMOKE_TIMEOUT = 600
 SMOKE_TESTS = [
     "tests/test_packaging.py::test_constraints_agree_with_what_is_installed",
     # one parity test per sharing strategy
-    "tests/test_parity.py::test_fd_strategy_leaves_dev_shm_empty_like_torch",
+    "tests/test_reductions_parity.py::test_fd_strategy_leaves_dev_shm_empty_like_torch",
     "tests/test_file_system.py::test_segment_layout_refcounts_and_the_last_closer_unlinks_like_torch",
     # one notebook headless, and the kernel it ran in is the venv's
     "tests/test_notebooks.py::test_notebook_runs_headless[notebooks/00_start_here.ipynb]",
     "tests/test_notebooks.py::test_start_here_reports_every_check",
     "tests/test_notebooks.py::test_kernel_is_this_interpreter",
 ]
-LAB = "labs/source/lab1_reducers.ipynb"
+LAB = "shmlab/labs/source/lab1_reducers.ipynb"
 # What the notebooks teach that depends on the Python version, asked of the interpreter itself.
 PROBE = r"""
 import inspect, json, mmap, multiprocessing, os, sys, threading, warnings
@@ -112,8 +121,8 @@ def _ask(python: str) -> tuple[str, str] | None:
 
 def find_interpreters() -> dict[str, list[tuple[str, str]]]:
     """Supported minor -> [(path, full version)], one entry per distinct interpreter."""
-    if os.environ.get("SHMLAB_PYTHONS"):
-        paths = os.environ["SHMLAB_PYTHONS"].split(":")
+    if CHOICE not in ("", "all", "none"):
+        paths = CHOICE.split(":")
     else:
         paths = []
         for minor in SUPPORTED:
@@ -125,7 +134,7 @@ def find_interpreters() -> dict[str, list[tuple[str, str]]]:
     seen = set()
     shims = str(PYENV_ROOT / "shims")
     for path in filter(None, paths):
-        if path.startswith(shims) and not os.environ.get("SHMLAB_PYTHONS"):
+        if path.startswith(shims) and CHOICE in ("", "all", "none"):
             continue  # slow to start; pyenv's versions are listed directly above
         answer = _ask(path)
         if answer is None or answer[1] in seen:
@@ -141,17 +150,56 @@ def find_interpreters() -> dict[str, list[tuple[str, str]]]:
 FOUND = find_interpreters()
 
 
+def _is_system(path: str) -> bool:
+    return path.startswith(("/usr/", "/bin/"))
+
+
+def select(found: dict[str, list[tuple[str, str]]], own: str) -> set[str]:
+    """The paths of the cheapest set that covers the range (see the module's docstring)."""
+    minors = [m for m in SUPPORTED if found[m]]
+    candidates = [(p, v) for m in minors for p, v in found[m]
+                  if os.path.realpath(p) != own]
+    chosen: list[str] = []
+    system = [p for p, _ in candidates if _is_system(p)]
+    if system:
+        chosen.append(system[0])
+    for minor in (minors[:1] + minors[-1:]) if minors else []:
+        # that minor's first non-system interpreter (pyenv's), else whatever there is
+        ranked = sorted((p for p, v in candidates if v.startswith(minor + ".")),
+                        key=_is_system)
+        if ranked and not any(c for c in chosen if c in ranked):
+            chosen.append(ranked[0])
+    for path, _ in candidates:  # fewer than three minors here: fill up with the others
+        if len(chosen) >= MIN_UNDER_CI:
+            break
+        if path not in chosen:
+            chosen.append(path)
+    return set(chosen)
+
+
+OWN = os.path.realpath(getattr(sys, "_base_executable", sys.executable))
+if CHOICE == "none":
+    SELECTED: set[str] = set()
+elif CHOICE == "":
+    SELECTED = select(FOUND, OWN)
+else:  # all, or the paths named
+    SELECTED = {p for interpreters in FOUND.values() for p, _ in interpreters}
+
+
 def _params():
     for minor, interpreters in FOUND.items():
         if not interpreters:
-            where = ("SHMLAB_PYTHONS" if os.environ.get("SHMLAB_PYTHONS") else
+            where = ("SHMLAB_PYTHONS" if CHOICE not in ("", "all", "none") else
                      f"{PYENV_ROOT}/versions, python{minor} on PATH, /usr/bin")
             yield pytest.param(None, None, id=f"{minor}-absent", marks=pytest.mark.skip(
                 reason=f"no Python {minor} on this machine (looked in {where})"))
         for path, version in interpreters:
-            kind = "system" if path.startswith(("/usr/", "/bin/")) else "pyenv" if (
+            kind = "system" if _is_system(path) else "pyenv" if (
                 str(PYENV_ROOT) in path) else "other"
-            yield pytest.param(path, version, id=f"{version}-{kind}")
+            marks = () if path in SELECTED else pytest.mark.skip(
+                reason=f"{path} is not in the {'CI ' if CHOICE == '' else ''}selection "
+                       f"(SHMLAB_PYTHONS={CHOICE or 'unset'}): `make test-pythons` runs it")
+            yield pytest.param(path, version, id=f"{version}-{kind}", marks=marks)
 
 
 def _env() -> dict[str, str]:
@@ -246,7 +294,9 @@ def test_installs_and_runs(python, version, tmp_path_factory, capsys):
         download = _fill_wheelhouse(python, minor, version)
         make = ["make", "setup", f"PYTHON={python}", f"VENV={venv}"]
         if WHEELHOUSE != "off":
-            make.append(f"PIP_ARGS=--find-links {WHEELHOUSE}")
+            make.append(f"PIP_ARGS=--no-compile --find-links {WHEELHOUSE}")
+        else:
+            make.append("PIP_ARGS=--no-compile")
         _run(make, timeout=INSTALL_TIMEOUT)
         install = time.monotonic() - started
 
@@ -292,10 +342,23 @@ def test_installs_and_runs(python, version, tmp_path_factory, capsys):
 
 
 def test_enough_pythons_under_ci():
-    found = {v: p for interpreters in FOUND.values() for p, v in interpreters}
+    chosen = {v: p for interpreters in FOUND.values() for p, v in interpreters if p in SELECTED}
     if os.environ.get("CI") != "true":
-        pytest.skip(f"not CI; found {len(found)} supported interpreters: {found}")
-    assert len(found) >= MIN_UNDER_CI, (
+        pytest.skip(f"not CI; {len(chosen)} supported interpreters selected: {chosen}")
+    assert len(chosen) >= MIN_UNDER_CI, (
         f"CI must install on at least {MIN_UNDER_CI} of Python {', '.join(SUPPORTED)}; "
-        f"found only {found}")
+        f"selected only {chosen} (SHMLAB_PYTHONS={CHOICE or 'unset'}; found {FOUND})")
 
+
+def test_the_ci_selection_covers_the_range():
+    """Oldest and newest minor found, and the system Python; never the suite's own."""
+    found = {m: [] for m in SUPPORTED}
+    found["3.10"] = [("/p/3.10.13/bin/python3.10", "3.10.13")]
+    found["3.11"] = [("/p/3.11.7/bin/python3.11", "3.11.7"), ("/usr/bin/python3", "3.11.2")]
+    found["3.12"] = [("/p/3.12.1/bin/python3.12", "3.12.1")]
+    found["3.13"] = [("/p/3.13.0/bin/python3.13", "3.13.0")]
+    assert select(found, own="/p/3.11.7/bin/python3.11") == {
+        "/usr/bin/python3", "/p/3.10.13/bin/python3.10", "/p/3.13.0/bin/python3.13"}
+    only = {m: [] for m in SUPPORTED}
+    only["3.12"] = [("/p/3.12.1/bin/python3.12", "3.12.1"), ("/usr/bin/python3", "3.12.3")]
+    assert select(only, own="/p/3.12.1/bin/python3.12") == {"/usr/bin/python3"}

@@ -19,6 +19,9 @@ c = get_config()  # noqa: F821 (nbgrader defines it)
 c.CourseDirectory.course_id = "shmlab"
 c.CourseDirectory.root = __file__.rsplit("/", 1)[0]
 # The test cells import shmlab.labs: install shmlab in the kernel that autograde starts.
+# Their checks start processes; on a busy machine a cell may need more than nbgrader's default
+# 30 s (shmlab's own grader allows 120 s a cell).
+c.ExecutePreprocessor.timeout = 120
 '''
 
 STUDENT_README = """# shmlab labs
