@@ -58,3 +58,15 @@ def test_an_unreadable_notebook_is_a_row(tmp_path):
     bad.write_text("{not json")
     (result,) = grade.grade_batch([bad], release.SOURCE)
     assert result.score == 0 and "not a readable notebook" in result.problem
+
+
+@pytest.mark.timeout(60)
+def test_a_notebook_that_cannot_be_graded_fails_the_command(tmp_path):
+    # 0/0 is not full marks: a misnamed or missing notebook must not exit 0.
+    for path in (tmp_path / "lab1.ipynb", tmp_path / "lab1_reducers.ipynb"):
+        if path.name == "lab1.ipynb":
+            path.write_text("{}")
+        out = subprocess.run([sys.executable, "-m", "shmlab.labs", "grade", "--json", str(path)],
+                             capture_output=True, text=True, timeout=50)
+        assert out.returncode == 1, (path.name, out.stdout, out.stderr)
+        assert json.loads(out.stdout)[0]["problem"], out.stdout

@@ -78,7 +78,8 @@ def main(argv=None) -> int:
     else:
         for r in results:
             grading.print_table(r)
-    return 0 if all(r.score == r.max_score for r in results) else 1
+    # Full marks only: a notebook that could not be graded (misnamed, unreadable) scores 0/0.
+    return 0 if all(not r.problem and r.score == r.max_score for r in results) else 1
 
 
 if __name__ == "__main__":
