@@ -312,3 +312,19 @@ def test_magics_in_a_graded_cell_are_run_or_explained(tmp_path):
     assert ex.score == 0
     assert "line 1: !ls /dev/shm" in ex.error and "not supported" in ex.error, ex.error
     assert "subprocess.run" in ex.error, ex.error  # ... and what to write instead
+
+
+def test_fd_count_ignores_the_pollers_proc_reads_but_not_a_real_fd(tmp_path):
+    # The Cases poller (psutil) lists /proc from another thread: a directory fd on "/proc"
+    # itself for a moment. Counted, it made lab2 ex4's instructor copy lose marks 1 run in 6.
+    from shmlab.labs.report import fd_count
+
+    before = fd_count()
+    d = os.open("/proc", os.O_RDONLY | os.O_DIRECTORY)
+    s = os.open("/proc/self/stat", os.O_RDONLY)
+    f = os.open(tmp_path / "x", os.O_CREAT | os.O_RDWR)
+    try:
+        assert fd_count() == before + 1
+    finally:
+        for fd in (d, s, f):
+            os.close(fd)

@@ -89,7 +89,9 @@ def fd_count() -> int:
     n = 0
     for fd in os.listdir("/proc/self/fd"):
         try:
-            n += not os.readlink(f"/proc/self/fd/{fd}").startswith("/proc/")
+            link = os.readlink(f"/proc/self/fd/{fd}")
+            # "/proc" itself: psutil's listdir("/proc") in the poller holds a directory fd
+            n += not (link == "/proc" or link.startswith("/proc/"))
         except OSError:
             pass  # closed between the listing and the look: it was transient
     return n
