@@ -300,16 +300,22 @@ class Fault:
         else:
             raise ValueError(f"unknown fault {kind!r}: one of {KINDS}")
 
-    def _big_status(self, handle, n: int) -> None:
+    def _fill(self, handle, n: int):
+        """Register `n` names of ours (FREEd in stop()); the socket, or None on failure."""
         try:
             sock, names = fill(handle, n)
         except (OSError, RuntimeError) as exc:
             self.record["error"] = repr(exc)
-            return
+            return None
         self._socks.append(sock)
         self._names.extend(names)
-        with contextlib.suppress(OSError):
-            sock.sendall(b"STATUS 0 1000\n" * 20)
+        return sock
+
+    def _big_status(self, handle, n: int) -> None:
+        sock = self._fill(handle, n)
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.sendall(b"STATUS 0 1000\n" * 20)
 
     def _bad_lines(self, handle, rng: random.Random) -> None:
         try:
@@ -321,14 +327,8 @@ class Fault:
         self.record.update(connections=len(socks), bytes=sent)
 
     def _storm(self, handle, n: int, threads: int, seconds: float) -> None:
-        if n:  # names make every STATUS answer bigger; they are ours, FREEd in stop()
-            try:
-                sock, names = fill(handle, n)
-            except (OSError, RuntimeError) as exc:
-                self.record["error"] = repr(exc)
-                return
-            self._socks.append(sock)
-            self._names.extend(names)
+        if n and self._fill(handle, n) is None:  # names make every STATUS answer bigger
+            return
         self.record.update(status_storm(handle, threads, seconds))
 
     def active(self) -> bool:
