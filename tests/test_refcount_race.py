@@ -1,18 +1,22 @@
 """Refcount updates racing each other: threads of one process, and processes.
 
-refcounted.py updates the header's count under an flock, either through the mapping a
-holder already has (the fast path) or with pread/pwrite on a fresh fd. A lost update
-shows as a final count other than the one expected; a missing lock fails these at once.
+refcounted.py updates the header's count under the lock beside it (headerlock.py), either
+through the mapping a holder already has or through a mapping of the header made for the
+one update. A lost update shows as a final count other than the one expected; a missing
+lock fails the processes' test at once. The lock's own failure modes are at the end: a
+holder killed inside it, and one stopped inside it.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import threading
 
 import pytest
 
 from shmlab import _shm
+from shmlab._shm import headerlock
 
 N = 400  # updates per worker: enough to interleave many read-modify-writes
 
@@ -107,3 +111,52 @@ def test_a_reused_name_is_not_ours_any_more(segment):
     with pytest.raises(FileNotFoundError):
         _shm.incref(name, mapping)
     assert _shm.decref(name, other) == 0
+
+
+def _hold_the_lock_then(mapping, then) -> int:
+    """A fork child takes the segment's lock, says so on a pipe, then does ``then()``."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            mapping.lock.__enter__()
+            os.write(w, b"x")
+            then()
+        finally:
+            os._exit(0)
+    os.close(w)
+    assert os.read(r, 1) == b"x"
+    os.close(r)
+    return pid
+
+
+@pytest.mark.timeout(60)
+def test_a_holder_killed_inside_the_lock_does_not_lock_the_others_out(segment):
+    # PTHREAD_MUTEX_ROBUST: the kernel hands a dead holder's lock to the next taker
+    # (EOWNERDEAD), as it drops a dead process's flock. A plain mutex would hang here.
+    name, mapping = segment
+    pid = _hold_the_lock_then(mapping, lambda: signal.pause())
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    assert _shm.incref(name, mapping) == 2  # through our mapping
+    assert _shm.decref(name) == 1  # through a fresh one: the lock is whole again
+    assert _shm.decref(name, mapping) == 0 and not os.path.exists(f"{_shm.SHM_DIR}{name}")
+
+
+@pytest.mark.timeout(60)
+def test_a_holder_stopped_inside_the_lock_gets_a_clear_error_not_a_hang(segment, monkeypatch):
+    name, mapping = segment
+    monkeypatch.setattr(headerlock, "LOCK_TIMEOUT_S", 0.5)
+    pid = _hold_the_lock_then(mapping, lambda: os.kill(os.getpid(), signal.SIGSTOP))
+    try:
+        for update in (lambda: _shm.incref(name, mapping), lambda: _shm.decref(name),
+                       lambda: _shm.attach_refcounted(name, 8)):
+            with pytest.raises(TimeoutError, match="held for 0.5 s: the process holding it is "
+                               "stopped") as info:
+                update()
+            assert "Nothing was changed" in str(info.value)
+        assert _shm.read_refcount(name) == 1
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    assert _shm.incref(name, mapping) == 2 and _shm.decref(name, mapping) == 1

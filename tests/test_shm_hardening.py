@@ -163,7 +163,9 @@ def test_a_truncated_header_is_refused_clearly(data):
 @pytest.mark.parametrize("count", [2**31 - 1, -(2**31)])
 def test_an_out_of_range_refcount_is_refused_clearly(count):
     name = our_name()
-    path = make_file(name, struct.pack("<i", count) + bytes(HEADER_SIZE - 4 + 16))
+    made = _shm.create_refcounted(name, 16)  # a real segment, with its lock...
+    made.count = count  # ...whose count is then damaged
+    path = SHM_DIR + name
     try:
         calls = [lambda: _shm.incref(name)]  # one past the top, or still below zero
         if count > 0:
@@ -175,6 +177,25 @@ def test_an_out_of_range_refcount_is_refused_clearly(count):
                 call()
             assert not isinstance(info.value, struct.error)
         assert read_refcount(name) == count
+    finally:
+        del made
+        unlink_quietly(path)
+
+
+@pytest.mark.timeout(60)
+def test_a_header_without_our_lock_is_refused_before_anything_waits_on_it():
+    # headerlock.py: bytes [8:64) are a lock only if create_refcounted put one there; a file
+    # made by hand (count 1, then garbage where the lock would be) must not be waited on.
+    name = our_name()
+    path = make_file(name, struct.pack("<i", 1) + b"\xff" * (HEADER_SIZE - 4 + 16))
+    try:
+        for call in (lambda: _shm.attach_refcounted(name, 16), lambda: _shm.incref(name),
+                     lambda: _shm.decref(name)):
+            with pytest.raises(ValueError, match="no lock in its 64-byte header") as info:
+                call()
+            assert "not a shmlab segment" in str(info.value)
+        with open(path, "rb") as f:
+            assert f.read()[:4] == struct.pack("<i", 1)  # refused without touching it
     finally:
         unlink_quietly(path)
 

@@ -7,6 +7,7 @@ at::NewProcessWideShmHandle.
     mapping.py     Mapping: libc mmap(MAP_SHARED) / munmap
     unlinked.py    file_descriptor segments: create_unlinked, map_fd
     refcounted.py  file_system segments: create/attach_refcounted, incref/decref, read_refcount
+    headerlock.py  the lock in a file_system header (a process-shared, robust pthread mutex)
 
 One kind of segment per sharing strategy; the names below are the whole public surface.
 """

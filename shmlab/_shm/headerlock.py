@@ -1,0 +1,119 @@
+"""The lock in a file_system segment's header: a process-shared, robust pthread mutex.
+
+Mirrors: the std::atomic<int> refcount of RefcountedMapAllocator (aten/src/ATen/MapAllocator.cpp),
+which Python cannot have; this is what shmlab puts in its place.
+
+Note [A lock in the memory both processes map]
+torch moves a segment's count with one atomic instruction on memory every holder maps.
+Python has no atomic instructions, so a read-modify-write of the count needs a lock, and the
+cheapest lock two processes can share is one in that same memory: a pthread mutex made
+PTHREAD_PROCESS_SHARED (it may live in shared memory and be taken from any process that
+maps it) and PTHREAD_MUTEX_ROBUST (if its holder dies, the kernel hands it to the next
+taker with EOWNERDEAD instead of leaving everyone waiting forever). Taking it when nobody
+holds it is a compare-and-swap in user space: no system call, ~2 us from Python through
+ctypes, where the flock() this replaced cost five system calls (open, flock, fstat, flock,
+close: ~15 us) because flock needs a file descriptor and file_system keeps none.
+A holder that dies mid-update leaves the count whole: the update is one 4-byte store, done
+or not done. So EOWNERDEAD only needs pthread_mutex_consistent() before we go on.
+
+The header is [0:4) int32 refcount | [4:8) MAGIC | [8:64) the mutex | [64:) data (a mutex
+is 40 bytes on x86-64 and 48 on arm64 with glibc). The creator sets the lock up before the
+name leaves the process and writes MAGIC last; a file without MAGIC was not made by
+create_refcounted (by hand, by an older shmlab, or garbage), and its bytes at [8:64) are
+not a lock we may wait on, so it is refused before anyone locks it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import time
+
+from .mapping import _libc
+
+MAGIC = b"SHML"  # at [4:8): "this header holds a lock that create_refcounted set up"
+MAGIC_OFFSET, LOCK_OFFSET, LOCK_SPACE = 4, 8, 56
+LOCK_TIMEOUT_S = 10.0  # a holder keeps it for microseconds; 10 s means a stopped or stuck one
+
+_PTHREAD_PROCESS_SHARED = 1
+_PTHREAD_MUTEX_ROBUST = 1
+
+
+class _Timespec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+
+for _fn, _args in {
+    "pthread_mutexattr_init": [ctypes.c_void_p],
+    "pthread_mutexattr_setpshared": [ctypes.c_void_p, ctypes.c_int],
+    "pthread_mutexattr_setrobust": [ctypes.c_void_p, ctypes.c_int],
+    "pthread_mutexattr_destroy": [ctypes.c_void_p],
+    "pthread_mutex_init": [ctypes.c_void_p, ctypes.c_void_p],
+    "pthread_mutex_trylock": [ctypes.c_void_p],
+    "pthread_mutex_timedlock": [ctypes.c_void_p, ctypes.POINTER(_Timespec)],
+    "pthread_mutex_unlock": [ctypes.c_void_p],
+    "pthread_mutex_consistent": [ctypes.c_void_p],
+}.items():
+    getattr(_libc, _fn).argtypes, getattr(_libc, _fn).restype = _args, ctypes.c_int
+_trylock, _unlock = _libc.pthread_mutex_trylock, _libc.pthread_mutex_unlock
+
+
+def _check(err: int, what: str) -> None:
+    if err:  # pthread functions return the error number; they do not set errno
+        raise OSError(err, f"{what} failed: {os.strerror(err)}")
+
+
+def set_up(header_addr: int) -> None:
+    """Make the lock at [8:64) of a new header, then mark the header ready (MAGIC)."""
+    attr = ctypes.create_string_buffer(64)  # pthread_mutexattr_t is 4 bytes; room to spare
+    _check(_libc.pthread_mutexattr_init(attr), "pthread_mutexattr_init")
+    try:
+        _check(_libc.pthread_mutexattr_setpshared(attr, _PTHREAD_PROCESS_SHARED),
+               "pthread_mutexattr_setpshared")
+        _check(_libc.pthread_mutexattr_setrobust(attr, _PTHREAD_MUTEX_ROBUST),
+               "pthread_mutexattr_setrobust")
+        _check(_libc.pthread_mutex_init(header_addr + LOCK_OFFSET, attr), "pthread_mutex_init")
+    finally:
+        _libc.pthread_mutexattr_destroy(attr)
+    ctypes.memmove(header_addr + MAGIC_OFFSET, MAGIC, len(MAGIC))
+
+
+def is_set_up(header_addr: int) -> bool:
+    return ctypes.string_at(header_addr + MAGIC_OFFSET, len(MAGIC)) == MAGIC
+
+
+class HeaderLock:
+    """``with lock:`` holds the mutex in one mapped header (every thread and process alike)."""
+
+    __slots__ = ("name", "_mutex")
+
+    def __init__(self, header_addr: int, name: str):
+        self.name, self._mutex = name, ctypes.c_void_p(header_addr + LOCK_OFFSET)
+
+    def __enter__(self) -> HeaderLock:
+        err = _trylock(self._mutex)  # the usual case: free, taken without a system call
+        if err == errno.EBUSY:
+            err = self._wait()
+        if err == errno.EOWNERDEAD:  # its holder died holding it; the count is whole (Note)
+            err = _libc.pthread_mutex_consistent(self._mutex)
+        if err:
+            raise self._error(err)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        _unlock(self._mutex)
+
+    def _wait(self) -> int:
+        deadline = time.time() + LOCK_TIMEOUT_S  # timedlock takes a CLOCK_REALTIME deadline
+        when = _Timespec(int(deadline), min(int(deadline % 1 * 1e9), 999_999_999))
+        return _libc.pthread_mutex_timedlock(self._mutex, ctypes.byref(when))
+
+    def _error(self, err: int) -> OSError:
+        if err == errno.ETIMEDOUT:
+            return TimeoutError(
+                errno.ETIMEDOUT, f"the lock in the header of /dev/shm{self.name} has been held "
+                f"for {LOCK_TIMEOUT_S:g} s: the process holding it is stopped (SIGSTOP, a "
+                "debugger) or stuck. Nothing was changed; resume or end that process")
+        return OSError(err, f"cannot take the lock in the header of /dev/shm{self.name}: "
+                       f"{os.strerror(err)}. Nothing was changed")
