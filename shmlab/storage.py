@@ -49,7 +49,7 @@ def _release(kind: str, fd: int, name: str | None, manager: bytes | None, pid: i
         os.close(fd)  # the storage owned this fd; the mapping itself goes with its last view
     elif kind == FILE_SYSTEM and os.getpid() == pid:
         try:
-            _shm.decref(name, held)  # the last holder unlinks the name
+            left = _shm.decref(name, held)  # the last holder unlinks the name
         except (OSError, ValueError) as exc:
             # An exception escaping a finalizer only prints "Exception ignored in ...".
             # Say what happened instead, and keep the manager's registration: when this
@@ -59,8 +59,10 @@ def _release(kind: str, fd: int, name: str | None, manager: bytes | None, pid: i
                           f"process family exits, or remove {_shm.SHM_DIR}{name} by hand",
                           RuntimeWarning, stacklevel=2)
             return
+        if left:
+            return  # others hold it: the manager keeps the name (Note in manager/connection.py)
         try:
-            get_client(manager).free(name.lstrip("/"))  # tell the manager it may forget it
+            get_client(manager).free(name.lstrip("/"))  # the file is gone: it may forget it
         except (OSError, RuntimeError):
             pass  # manager gone: nothing to tell; the segment itself is already released
 
@@ -170,8 +172,8 @@ class UntypedStorage:
         """Receiver: attach to a named segment (+1 on its refcount) and tell its manager."""
         name_s = name.decode() if isinstance(name, bytes) else str(name)
         client = get_client(manager)
-        # The creator's REGISTER already waited; ours only joins (Note in manager/connection.py).
-        client.register(name_s.lstrip("/"), wait=False)
+        # The creator registered the name; we only join (Note in manager/connection.py).
+        client.join(name_s.lstrip("/"))
         try:
             mapping = _shm.attach_refcounted(name_s, size)
         except BaseException:

@@ -15,7 +15,6 @@ import os
 import socket
 import threading
 import time
-import warnings
 from collections.abc import Iterator
 
 from .peer import ManagerError, NotAManagerError, check_path, check_peer
@@ -47,15 +46,23 @@ CONNECT_TIMEOUT_S = 5.0  # how long a full listen queue may keep us waiting
 # it). Only end of file or a reset closes the connection here; close() says BYE first, so
 # the manager knows the difference between "left" and "dropped" (see liveness.py).
 
-# Note [A receiver's REGISTER need not wait]
-# torch's receiver waits for "OK" on every attach; that round trip to a Python daemon (~90 us,
-# more under load) was the largest cost of an already-shared file_system send, and it buys
-# nothing. The creator's REGISTER waited before the name was pickled, so the manager holds the
-# name (FREE drops it only once the file is gone, when the attach fails anyway); a receiver's
-# line only makes this process a member. It cannot be overtaken: one connection's lines are
-# served in order, an open connection alone holds off the reclaim, and lines sent before we
-# die are still served. So `register(name, wait=False)` sends, counts the answer as owed, and
-# takes the answers that have come without waiting; the next request skips the rest.
+# Note [What a receiver tells the manager]
+# torch's client sends a line for every attach and every close, and its C++ manager spends
+# microseconds on each. Ours is Python: every line wakes it for a parse, an event and a log
+# write, on the same cores the tensors are moving on, and a receiver's two lines per tensor
+# were the largest cost of an already-shared file_system send after the refcount lock
+# (docs/benchmarks.md). So a client sends only the lines that change what the manager knows:
+#   * a new name: the creator's REGISTER, which waits for "OK" before the name is pickled;
+#   * a process joining: its first line on a connection makes it a member (liveness.py);
+#   * the FREE of the holder whose decref unlinked the file: the manager forgets the name.
+# A receiver's REGISTER of a name its creator already registered, and the FREE of a holder
+# that leaves others behind ("still exists, kept registered"), change nothing, so they are
+# not sent. The one a receiver does send, `join(name)`, need not wait either: it cannot be
+# overtaken (one connection's lines are served in order, an open connection alone holds off
+# the reclaim, and lines sent before we die are still served), so its "OK" is counted as
+# owed and skipped by the next request. (It used to be sent for every attach, its answer
+# read at once without waiting: two ioctl()s to make the socket non-blocking and back, and a
+# recv(), ~15 us a receive. The socket now keeps one timeout, REPLY_TIMEOUT_S.)
 
 
 def _gone(handle: bytes, why: object) -> ManagerError:
@@ -121,23 +128,26 @@ class ManagerClient:
         self._lock = threading.Lock()
         self._buf = b""
         self._owed = 0  # replies to requests that timed out, still to come: skip them
+        self._member = False  # this connection has sent REGISTER or FREE: the manager keeps us
         self._sock: socket.socket | None = _connect(handle)
 
     @property
     def closed(self) -> bool:
         return self._sock is None
 
-    def register(self, name: str | bytes, wait: bool = True) -> None:
-        """Tell the manager to reclaim `name` if this process family dies; waits for OK (1 s).
-
-        `wait=False` is for a receiver attaching a name its creator registered already: the
-        line is sent and its OK read later (see Note [A receiver's REGISTER need not wait])."""
-        line = f"REGISTER {os.getpid()} {_bare(name)}"
-        if not wait:
-            return self._post(line)
-        reply = self._request(line)
+    def register(self, name: str | bytes) -> None:
+        """Tell the manager to reclaim `name` if this process family dies; waits for OK (1 s)."""
+        reply = self._request(f"REGISTER {os.getpid()} {_bare(name)}")
         if reply != "OK":
             raise ManagerError(f"the manager refused to register {name!r}: {reply}")
+        self._member = True
+
+    def join(self, name: str | bytes) -> None:
+        """A receiver attaching `name`, which its creator registered: become a member if we
+        are not one yet, without waiting (see Note [What a receiver tells the manager])."""
+        if not self._member:
+            self._post(f"REGISTER {os.getpid()} {_bare(name)}")
+            self._member = True
 
     def free(self, name: str | bytes) -> None:
         """Tell the manager we let go of `name` (no reply; silent if the manager is gone)."""
@@ -146,6 +156,7 @@ class ManagerClient:
             if self._sock is not None:
                 try:
                     self._send_locked(line)
+                    self._member = True
                 except OSError:  # gone (see Note [When the manager is gone]) or stuck: a
                     self._close_locked()  # half-sent line cannot be taken back, so close;
                     # the manager keeps our segments while this process lives (liveness.py)
@@ -183,7 +194,7 @@ class ManagerClient:
     def _close_locked(self) -> None:
         if self._sock is not None:
             self._sock.close()
-            self._sock, self._buf, self._owed = None, b"", 0
+            self._sock, self._buf, self._owed, self._member = None, b"", 0, False
 
     def _request(self, line: str) -> str:
         with self._lock:
@@ -211,7 +222,7 @@ class ManagerClient:
                 raise _gone(self.handle, exc) from exc
 
     def _post(self, line: str) -> None:
-        """Send a request whose answer we read later: skipped like a late one (`_owed`)."""
+        """Send a request whose answer we do not wait for: skipped like a late one (`_owed`)."""
         with self._lock:
             if self._sock is None:
                 raise ManagerError("this ManagerClient is closed: get_client(handle) reconnects")
@@ -221,42 +232,24 @@ class ManagerClient:
                 self._close_locked()
                 raise _gone(self.handle, exc) from exc
             self._owed += 1
-            self._drain_locked()
-
-    def _drain_locked(self) -> None:
-        """Take the answers that have already come, without waiting, so they never pile up."""
-        self._sock.settimeout(0)
-        try:
-            while self._owed:
-                chunk = self._sock.recv(4096)
-                if not chunk:  # the manager is gone; the next request will say so
-                    return
-                self._buf += chunk
-                while self._owed and b"\n" in self._buf:
-                    reply, _, self._buf = self._buf.partition(b"\n")
-                    self._owed -= 1
-                    if reply != b"OK":  # cannot happen for a name its creator registered
-                        warnings.warn(f"the shmlab manager answered {reply!r} to a REGISTER "
-                                      "sent without waiting", RuntimeWarning, stacklevel=4)
-        except (BlockingIOError, InterruptedError):
-            pass  # nothing more has come yet
-        except OSError:
-            pass  # reset: the next request reports the manager as gone
 
     def _send_locked(self, data: bytes) -> None:
-        self._sock.settimeout(REPLY_TIMEOUT_S)  # a full socket buffer must not hang us
-        self._sock.sendall(data)
+        self._sock.sendall(data)  # under the socket's REPLY_TIMEOUT_S: a full buffer can't hang us
 
     def _readline(self, deadline: float) -> str:
-        while b"\n" not in self._buf:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError(f"no reply within {REPLY_TIMEOUT_S} s")
-            self._sock.settimeout(left)
-            chunk = self._sock.recv(4096)
-            if not chunk:
-                raise ConnectionResetError("the manager closed the connection")
-            self._buf += chunk
+        try:
+            while b"\n" not in self._buf:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"no reply within {REPLY_TIMEOUT_S} s")
+                self._sock.settimeout(left)
+                chunk = self._sock.recv(4096)
+                if not chunk:
+                    raise ConnectionResetError("the manager closed the connection")
+                self._buf += chunk
+        finally:
+            if self._sock is not None:
+                self._sock.settimeout(REPLY_TIMEOUT_S)  # what _send_locked counts on
         line, _, self._buf = self._buf.partition(b"\n")
         return line.decode("ascii", "replace")
 
