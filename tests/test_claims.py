@@ -72,6 +72,7 @@ OWNER = {
     "C12.42": "11_famous_errors.ipynb",
     "C12.43": "11_famous_errors.ipynb",
     "C12.44": "11_famous_errors.ipynb",
+    "C12.50": "05_file_system_strategy_and_shm_manager.ipynb",
 }
 # The handout's part of docs/CLAIMS.md ends where this heading starts; the rest is ours.
 ADDITIONS_HEADING = "\n## Corrections and additions (issue 12)\n"
