@@ -145,7 +145,7 @@ def check_measurement(measure):
         workers = [t for t in watch.made if t.away and not t.here]  # trained by others only
         rows = 5 * len(data.x_train)
         full = any(t.here >= rows for t in single)
-        hogwild = any(len(t.away) >= 2 and sum(r for r, _ in t.away) >= rows for t in workers)
+        hogwild = any(len(t.away) == 2 and sum(r for r, _ in t.away) >= rows for t in workers)
         c.check(full and hogwild, f"one model trained here and another by 2 worker processes, "
                 f"5 epochs over the {len(data.x_train)} rows each ({watch.summary()})",
                 "run baseline(), then lab5._run(train_worker, model, data, processes=2, "
