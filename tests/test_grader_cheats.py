@@ -326,6 +326,56 @@ def baseline():
     acc = accuracy(model, data.x_test, data.y_test)
     return {"seconds": time.perf_counter() - start, "accuracy": acc}
 """),
+    # Both honest models often reach the very same test accuracy (431/449 in about half the
+    # runs), so a check that compares values alone cannot tell the two apart.
+    "lab5 reports the baseline's accuracy twice": ("lab5_hogwild", "ex3_measure", """
+def measure():
+    single = baseline()
+    shared = make_model(seed=0)
+    shared.share_memory()
+    hogwild_seconds, _ = lab5._run(train_worker, shared, data, processes=2, epochs=5)
+    return {"single_seconds": single["seconds"], "single_accuracy": single["accuracy"],
+            "hogwild_seconds": hogwild_seconds,
+            "hogwild_accuracy": single["accuracy"]}  # wrong: the baseline's, twice
+"""),
+    "lab5 trains one model and reports it twice": ("lab5_hogwild", "ex3_measure", """
+def measure():
+    model, other = make_model(seed=0), make_model(seed=0)
+    start = time.perf_counter()
+    train_worker(0, 1, model, data, 5)
+    seconds = time.perf_counter() - start
+    other.load_state_dict(model.state_dict())  # wrong: no Hogwild run, a copy of the one model
+    return {"single_seconds": seconds / 2,
+            "single_accuracy": accuracy(model, data.x_test, data.y_test),
+            "hogwild_seconds": seconds / 2,
+            "hogwild_accuracy": accuracy(other, data.x_test, data.y_test)}
+"""),
+    "lab5 Hogwild with one worker": ("lab5_hogwild", "ex3_measure", """
+def measure():
+    single = baseline()
+    shared = make_model(seed=0)
+    shared.share_memory()
+    hogwild_seconds, _ = lab5._run(train_worker, shared, data, processes=1, epochs=5)  # wrong
+    return {"single_seconds": single["seconds"], "single_accuracy": single["accuracy"],
+            "hogwild_seconds": hogwild_seconds,
+            "hogwild_accuracy": accuracy(shared, data.x_test, data.y_test)}
+"""),
+    "lab5 baseline trains 2 epochs": ("lab5_hogwild", "ex2_baseline", """
+def baseline():
+    model = make_model(seed=0)
+    start = time.perf_counter()
+    train_worker(0, 1, model, data, 2)  # wrong: 2 epochs, not 5 (it still reaches 0.85)
+    seconds = time.perf_counter() - start
+    return {"seconds": seconds, "accuracy": accuracy(model, data.x_test, data.y_test)}
+"""),
+    "lab5 baseline trains on half the rows": ("lab5_hogwild", "ex2_baseline", """
+def baseline():
+    model = make_model(seed=0)
+    start = time.perf_counter()
+    train_worker(0, 2, model, data, 5)  # wrong: one shard of two
+    seconds = time.perf_counter() - start
+    return {"seconds": seconds, "accuracy": accuracy(model, data.x_test, data.y_test)}
+"""),
 }
 
 
