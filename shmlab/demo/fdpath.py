@@ -3,7 +3,8 @@
 Notebook 04 (claims C12.1 and C12.7). ``traced()`` wraps, in this process only, the places
 where CPython's multiprocessing can let an fd go, and records each call; ``fd_path`` starts
 one child with a shared tensor as its ``Process`` argument under one start method and says
-which of those places the fd went through.
+which of those places the fd went through. ``segment_bytes`` measures one segment's memory
+through whatever still holds it, in any process.
 
 Mirrors: CPython multiprocessing/popen_fork.py (nothing pickled), popen_spawn_posix.py
 (``duplicate_for_child`` -> ``util.spawnv_passfds``), popen_forkserver.py + forkserver.py
@@ -127,3 +128,40 @@ def settled_fds_on(ino: int, timeout: float = 5.0) -> int:
     while (n := fds_on(ino)) and time.monotonic() < deadline:
         time.sleep(0.02)
     return n
+
+
+def segment_bytes(ino: int, dev: int) -> int:
+    """Bytes of memory the segment ``(ino, dev)`` still has (its tmpfs pages, ``st_blocks``),
+    read through any fd or mapping that some process we may read holds on it; 0 once none
+    does: the kernel frees an unlinked segment with its last reference.
+
+    One segment's memory, unlike ``/dev/shm``'s used space (statvfs), which moves whenever
+    any other program on the machine makes or drops shared memory.
+    """
+    where = f"{os.major(dev):02x}:{os.minor(dev):02x} {ino} "  # as /proc/<pid>/maps writes it
+    pids = [str(os.getpid())] + [p for p in os.listdir("/proc") if p.isdigit()]  # us first
+    for pid in pids:
+        for path in _references(pid, where):
+            with contextlib.suppress(OSError):  # closed, unmapped or exited meanwhile
+                st = os.stat(path)
+                if (st.st_ino, st.st_dev) == (ino, dev):
+                    return st.st_blocks * 512
+    return 0
+
+
+def _references(pid: str, where: str):
+    """Paths through which ``pid`` reaches shared memory: its /dev/shm fds, then its mappings of the
+    file ``where`` ("dev inode ") names (a mapping outlives a closed fd: map_files/)."""
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:  # gone, or another user's process
+        fds = []
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            if os.readlink(f"/proc/{pid}/fd/{fd}").startswith("/dev/shm/"):
+                yield f"/proc/{pid}/fd/{fd}"  # only shm fds are stat'ed: never a slow file
+    with contextlib.suppress(OSError):
+        with open(f"/proc/{pid}/maps") as maps:
+            hits = [line.split()[0] for line in maps if where in line]
+        for span in hits:
+            yield f"/proc/{pid}/map_files/{span}"
