@@ -275,10 +275,11 @@ def _inotify(path: str) -> int | None:
 
 
 def _announce_fork() -> None:
-    """In a fork child of a watched test (os.fork: multiprocessing's fork, a fork server's
-    workers are exec'd and carry RUN_ENV): write our pid to the watcher's pipe, so that it
-    knows us even if we exit within a millisecond, and close its other fds, which the thread
-    that used them did not bring along. The write end stays, for our own fork children."""
+    """In a fork child of a watched test (os.fork, as multiprocessing's fork does; a fork
+    server's children are forked by an exec'd server, so they carry RUN_ENV): write our pid
+    to the watcher's pipe, so that it knows us even if we exit within a millisecond, and close
+    its other fds, which the thread that used them did not bring along. The write end stays,
+    for our own fork children."""
     for watch in _WATCHES:
         with contextlib.suppress(OSError):  # full, or the test ended: nothing to tell
             os.write(watch._forks_w, struct.pack("i", os.getpid()))
@@ -287,7 +288,6 @@ def _announce_fork() -> None:
                 with contextlib.suppress(OSError):
                     os.close(fd)
         watch._inotify = watch._forks_r = None
-        watch._done.set()
 
 
 os.register_at_fork(after_in_child=_announce_fork)
