@@ -71,7 +71,7 @@ GRACE_S = float(os.environ.get("SHMLAB_LEAKCHECK_GRACE", "6"))
 RUN_ENV = "SHMLAB_LEAKCHECK_RUN"  # see Note [Whose orphaned manager is it?]
 RUN_ID = os.environ.setdefault(RUN_ENV, f"{os.getpid()}-{secrets.token_hex(8)}")
 # How often the watcher records the test's process family even when no file appears.
-POLL_S = 0.05  # ~1.5 % of a core; inotify and the fork pipe (below) wake it sooner
+POLL_S = 0.05  # ~1 % of a core idle (measured); inotify and the fork pipe (below) wake it sooner
 
 
 def _family() -> set[int]:
