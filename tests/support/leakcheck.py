@@ -34,44 +34,52 @@ this test's leak only if it is provably ours:
      exec'd, as spawn children and Popen are). A psm_ name has no pid: it is ours if a family
      member holds an fd on it or maps it when it is seen.
 A creator usually exits before the test ends (a child that leaks and quits), so membership
-must be learned while it lives: a Watch thread records the family's pids (with their start
-times, so a reused pid is not mistaken for ours) at set-up, whenever a file appears in
-/dev/shm (inotify wakes it within milliseconds of the shm_open), every POLL_S, and for every
-os.fork of a family member: the fork child writes its own pid to the watcher's pipe before it
-runs a line of the test's code (os.register_at_fork), so even a child that forks, makes a
-file and exits within a millisecond is known. Each new file is judged when it is first seen.
+must be learned while it lives: a watcher records the family's pids (with their start times,
+so a reused pid is not mistaken for ours) at set-up, whenever a file appears in /dev/shm
+(inotify wakes it within milliseconds of the shm_open), every POLL_S, and for every os.fork
+of a family member: the fork child writes its own pid to the watcher's pipe before it runs a
+line of the test's code (os.register_at_fork), so even a child that forks, makes a file and
+exits within a millisecond is known. Each new file is judged when it is first seen.
 Anything else is left alone: never reported, never unlinked.
 What it cannot see: an exec'd child (Popen, spawn) that made a file and exited faster than
 the watcher's reaction; a psm_ file whose creator closed it before it was seen; an orphan of
 ours that was never seen in the family and carries no marker. Those leaks go unreported:
 the price of never removing a file of someone else.
+The watcher is a process of its own (support/leakwatch.py, exec'd once per session, a child
+of pytest that is never counted as a leaked child), not a thread in the test process: a
+thread listing /proc and /dev/shm there held a directory fd for a fraction of a millisecond
+every POLL_S, which made tests that count this process's fds before and after an operation
+fail about once in a hundred counts (and os.fork warn of a multi-threaded process on 3.12+).
+So during a test this process opens no fd and runs no thread for the checker: it keeps the
+watcher's control socket and the fork pipe's write end, the same two fds all session, says
+"a test starts" at set-up and asks "which new files are provably ours?" at teardown.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
-import ctypes
+import json
 import os
 import secrets
-import select
 import signal
+import socket
 import struct
+import subprocess
 import sys
-import threading
 import time
 
 import psutil
 import pytest
 
-SHM_DIR = "/dev/shm"
-SHM_PREFIXES = ("torch_", "shmlab_", "psm_")
+from . import leakwatch
+from .leakwatch import SHM_DIR
+
 MANAGER_MARKERS = ("torch_shm_manager", "shmlab.manager")
 # torch's manager waits 2 s after its last client; allow for a loaded 2-core machine.
 GRACE_S = float(os.environ.get("SHMLAB_LEAKCHECK_GRACE", "6"))
 RUN_ENV = "SHMLAB_LEAKCHECK_RUN"  # see Note [Whose orphaned manager is it?]
 RUN_ID = os.environ.setdefault(RUN_ENV, f"{os.getpid()}-{secrets.token_hex(8)}")
-# How often the watcher records the test's process family even when no file appears.
-POLL_S = 0.05  # ~1 % of a core idle (measured); inotify and the fork pipe (below) wake it sooner
 
 
 def _family() -> set[int]:
@@ -79,215 +87,95 @@ def _family() -> set[int]:
     return {me.pid} | {c.pid for c in me.children(recursive=True)}
 
 
-def _creator(name: str) -> int | None:
-    parts = name.split("_")
-    return int(parts[1]) if len(parts) > 2 and parts[1].isdigit() else None
-
-
-def shm_names() -> set[str]:
-    """Every torch_/shmlab_/psm_ file in /dev/shm now, whoever made it."""
-    try:
-        return {n for n in os.listdir(SHM_DIR) if n.startswith(SHM_PREFIXES)}
-    except FileNotFoundError:
-        return set()
-
-
 # --- whose /dev/shm file is it? See Note [Whose /dev/shm file is it?] -------------------------
 
 
-def _stat_fields(pid: int) -> list[bytes] | None:
-    """/proc/<pid>/stat after the command name (state first), or None if there is no pid."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except OSError:
-        return None
-    return data[data.rindex(b")") + 2 :].split()
+class Watcher:
+    """The leakwatch process of this pytest session, and the two fds it leaves here.
 
-
-def _start_time(pid: int) -> int | None:
-    """When ``pid`` started (clock ticks since boot): a pid and its start time name one
-    process, where a pid alone may have been reused."""
-    fields = _stat_fields(pid)
-    return int(fields[19]) if fields else None
-
-
-def _descendants(root: int) -> set[int]:
-    """``root`` and every live descendant (zombies too), from /proc/<pid>/task/<tid>/children:
-    a few small reads per member instead of psutil's scan of every process on the machine."""
-    if not _CHILDREN_FILES:
-        return {root} | {c.pid for c in psutil.Process(root).children(recursive=True)}
-    found, todo = set(), [root]
-    while todo:
-        pid = todo.pop()
-        if pid in found:
-            continue
-        found.add(pid)
-        try:
-            tids = os.listdir(f"/proc/{pid}/task")
-        except OSError:
-            continue  # exited meanwhile
-        for tid in tids:
-            try:
-                with open(f"/proc/{pid}/task/{tid}/children") as f:
-                    todo.extend(int(c) for c in f.read().split())
-            except OSError:
-                continue
-    return found
-
-
-# A kernel without CONFIG_PROC_CHILDREN has no children files: ask psutil instead (slower).
-_CHILDREN_FILES = os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children")
-
-
-def _descends_from(pid: int, root: int) -> bool:
-    """``pid`` is ``root`` or has it among its ancestors now (a zombie still has a parent)."""
-    seen = set()
-    while pid > 1 and pid not in seen:
-        if pid == root:
-            return True
-        seen.add(pid)
-        fields = _stat_fields(pid)
-        if fields is None:
-            return False
-        pid = int(fields[1])
-    return False
-
-
-def _carries_marker(pid: int) -> bool:
-    """``pid``'s environment names this run (RUN_ENV=RUN_ID), as every process a test execs does."""
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            return f"{RUN_ENV}={RUN_ID}".encode() in f.read().split(b"\0")
-    except OSError:
-        return False  # gone, a zombie, or not ours to read
-
-
-def _uses(pid: int, path: str) -> bool:
-    """``pid`` holds an fd on ``path`` or maps it (how a psm_ file, whose name has no pid,
-    shows who made it: SharedMemory keeps its fd and mapping while it lives)."""
-    targets = {path, path + " (deleted)"}
-    try:
-        for fd in os.listdir(f"/proc/{pid}/fd"):
-            with contextlib.suppress(OSError):  # closed since the listing
-                if os.readlink(f"/proc/{pid}/fd/{fd}") in targets:
-                    return True
-        with open(f"/proc/{pid}/maps") as maps:
-            return any(line.split(maxsplit=5)[-1].rstrip("\n") in targets for line in maps)
-    except OSError:
-        return False
-
-
-class Watch(threading.Thread):
-    """For one test: every process seen in its family, and the new /dev/shm files proven ours.
-
-    It wakes when a file appears in /dev/shm (inotify), when a process of the family forks
-    (the fork child writes its pid to a pipe, see _announce_fork), and every POLL_S, so it
-    judges a file while its creator usually still lives and knows the family's pids even
-    after they exited.
+    Started once, at the first watched test's set-up (so never where the plugin is disabled),
+    as a fresh interpreter (subprocess, not a fork: no copy of pytest's state, no thread here).
+    Here stay only the control socket and the fork pipe's write end, the same two fds from the
+    first test to the last, so they cancel out of any fd count a test takes.
     """
 
-    def __init__(self, root: int | None = None):
-        super().__init__(name="leakcheck-watch", daemon=True)
-        self.root = os.getpid() if root is None else root
-        self.before = shm_names()  # there when the test started: never this test's leak
-        self.members: dict[int, set[int | None]] = {}  # pid -> start times seen in the family
-        self.ours: set[str] = set()
-        self.theirs: set[str] = set()  # new, but not provably ours: left alone
-        self._lock = threading.Lock()  # the thread and the teardown both poll
-        self._done = threading.Event()
-        self._inotify = _inotify(SHM_DIR)
+    def __init__(self):
+        self.owner = os.getpid()
         # O_CLOEXEC: fork children keep the write end (and announce themselves), exec'd ones
         # drop it (they carry RUN_ENV instead). Non-blocking: a full pipe never stalls a fork.
-        self._forks_r, self._forks_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        self._record_family()
+        forks_r, self.forks_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self.ctrl, theirs = socket.socketpair()  # both ends non-inheritable
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, leakwatch.__file__, str(theirs.fileno()), str(forks_r),
+                 str(self.owner), f"{RUN_ENV}={RUN_ID}"],
+                pass_fds=(theirs.fileno(), forks_r), stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL, cwd="/")
+        finally:
+            theirs.close()
+            os.close(forks_r)
+        self.ctrl.settimeout(60)  # a watcher that hangs fails the test instead of the run
 
-    def _record(self, pid: int) -> None:
-        self.members.setdefault(pid, set()).add(_start_time(pid))
+    def ask(self, command: bytes):
+        """Send one command, return the watcher's one-line answer (decoded JSON or "ok")."""
+        self.ctrl.sendall(command)
+        reply = b""
+        while not reply.endswith(b"\n"):
+            chunk = self.ctrl.recv(65536)
+            if not chunk:
+                raise RuntimeError(f"the leak watcher (pid {self.proc.pid}) died: see its "
+                                   "traceback above; tests/support/leakwatch.py")
+            reply += chunk
+        answer = reply.decode().strip()
+        answer = answer if answer == "ok" else json.loads(answer)
+        if isinstance(answer, dict):
+            raise RuntimeError(f"the leak watcher failed: {answer['error']}")
+        return answer
 
-    def _record_family(self) -> None:
-        with contextlib.suppress(BlockingIOError, OSError):
-            data = os.read(self._forks_r, 65536)
-            for (pid,) in struct.iter_unpack("i", data[: len(data) // 4 * 4]):
-                self._record(pid)  # perhaps exited already: its start time reads None
-        for pid in _descendants(self.root):
-            if pid not in self.members:
-                self._record(pid)
-
-    def _is_ours(self, name: str) -> bool:
-        pid = _creator(name)
-        if pid is None:  # psm_: judged by who uses it now
-            return any(_uses(m, os.path.join(SHM_DIR, name)) for m in _descendants(self.root))
-        started = _start_time(pid)
-        if started is None:  # the creator has exited: was it one of ours?
-            return pid in self.members
-        if started in self.members.get(pid, ()) or _descends_from(pid, self.root):
-            return True
-        return _carries_marker(pid)  # an orphan of ours that was exec'd (spawn, Popen)
+    def begin(self) -> None:
+        self.ask(b"B")
 
     def poll(self) -> set[str]:
-        """Judge the files that appeared since the last poll; return the ones proven ours."""
-        with self._lock:
-            names = shm_names()  # listed first: each creator existed before this line ...
-            self._record_family()  # ... so a live one is in the family read here
-            for name in names - self.before - self.ours - self.theirs:
-                (self.ours if self._is_ours(name) else self.theirs).add(name)
-            self.ours &= names  # a name unlinked and made again is judged again
-            self.theirs &= names
-            return set(self.ours)
+        return set(self.ask(b"P"))
 
-    def run(self) -> None:
-        wake = [self._forks_r] + ([self._inotify] if self._inotify is not None else [])
-        while not self._done.is_set():
-            ready = select.select(wake, [], [], POLL_S)[0]
-            if self._inotify in ready:
-                with contextlib.suppress(BlockingIOError):
-                    os.read(self._inotify, 65536)  # the events only wake us up
-            with contextlib.suppress(Exception):  # a process vanishing mid-read: next round
-                self.poll()
+    def end(self) -> None:
+        self.ask(b"E")
 
-    def stop(self) -> None:
-        self._done.set()
-        self.join(5)
-        for fd in (self._inotify, self._forks_r, self._forks_w):
-            if fd is not None:
-                os.close(fd)
-        self._inotify = self._forks_r = self._forks_w = None
+    def close(self) -> None:
+        """At exit: hang up (EOF ends the watcher) and reap it."""
+        if os.getpid() != self.owner:
+            return  # a fork child of pytest exiting through sys.exit: not its watcher
+        self.ctrl.close()
+        os.close(self.forks_w)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(5)
 
 
-_IN_CREATE, _IN_MOVED_TO = 0x100, 0x80
-_WATCHES: list[Watch] = []  # the running one (at most one), for _announce_fork
+_WATCHER: list[Watcher] = []  # this process's one watcher, once started
 
 
-def _inotify(path: str) -> int | None:
-    """An inotify fd that becomes readable when a file is created in ``path`` (None: poll only)."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        fd = libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
-        if fd < 0:
-            return None
-        if libc.inotify_add_watch(fd, path.encode(), _IN_CREATE | _IN_MOVED_TO) < 0:
-            os.close(fd)
-            return None
-        return fd
-    except (OSError, AttributeError):
-        return None
+def _watcher() -> Watcher:
+    if not _WATCHER:
+        _WATCHER.append(Watcher())
+        atexit.register(_WATCHER[0].close)
+    return _WATCHER[0]
+
+
+def _watcher_pids() -> set[int]:
+    return {w.proc.pid for w in _WATCHER}
 
 
 def _announce_fork() -> None:
-    """In a fork child of a watched test (os.fork, as multiprocessing's fork does; a fork
+    """In a fork child of the test process (os.fork, as multiprocessing's fork does; a fork
     server's children are forked by an exec'd server, so they carry RUN_ENV): write our pid
-    to the watcher's pipe, so that it knows us even if we exit within a millisecond, and close
-    its other fds, which the thread that used them did not bring along. The write end stays,
-    for our own fork children."""
-    for watch in _WATCHES:
-        with contextlib.suppress(OSError):  # full, or the test ended: nothing to tell
-            os.write(watch._forks_w, struct.pack("i", os.getpid()))
-        for fd in (watch._inotify, watch._forks_r):
-            if fd is not None:
-                with contextlib.suppress(OSError):
-                    os.close(fd)
-        watch._inotify = watch._forks_r = None
+    to the watcher's fork pipe, so that it knows us even if we exit within a millisecond, and
+    close the control socket, which is the parent's conversation (and whose EOF tells the
+    watcher that pytest is gone). The write end stays, for our own fork children."""
+    for watcher in _WATCHER:
+        with contextlib.suppress(OSError):  # full: the watcher reads it within POLL_S
+            os.write(watcher.forks_w, struct.pack("i", os.getpid()))
+        with contextlib.suppress(OSError):
+            watcher.ctrl.close()
 
 
 os.register_at_fork(after_in_child=_announce_fork)
@@ -357,15 +245,15 @@ def child_pids() -> set[int]:
                 pids.add(child.pid)
         except psutil.NoSuchProcess:
             continue
-    return pids - _persistent_helper_pids()
+    return pids - _persistent_helper_pids() - _watcher_pids()
 
 
-def snapshot(watch: Watch | None = None) -> dict[str, set]:
+def snapshot(watch: Watcher | None = None) -> dict[str, set]:
     shm = watch.poll() if watch is not None else set()
     return {"shm": shm, "children": child_pids(), "managers": manager_pids()}
 
 
-def leftovers(before: dict[str, set], watch: Watch | None = None) -> dict[str, set]:
+def leftovers(before: dict[str, set], watch: Watcher | None = None) -> dict[str, set]:
     now = snapshot(watch)
     return {k: now[k] - before[k] for k in now if now[k] - before[k]}
 
@@ -392,6 +280,8 @@ def clean_up(left: dict[str, set]) -> None:
     # Reap our own killed children so they do not linger as zombies.
     deadline = time.monotonic() + 2
     for child in psutil.Process().children():
+        if child.pid in _watcher_pids():
+            continue  # lives for the session
         try:
             child.wait(timeout=max(0.0, deadline - time.monotonic()))
         except (psutil.TimeoutExpired, psutil.NoSuchProcess, ChildProcessError):
@@ -404,10 +294,9 @@ def no_leaks(request):
     if request.node.get_closest_marker("allow_leaks"):
         yield
         return
-    watch = Watch()
-    before = snapshot()  # no shm entry: the watch knows what was there (watch.before)
-    watch.start()
-    _WATCHES.append(watch)
+    watch = _watcher()
+    before = snapshot()  # no shm entry: the watcher knows what was there
+    watch.begin()
     try:
         yield
         deadline = time.monotonic() + GRACE_S
@@ -416,8 +305,7 @@ def no_leaks(request):
             time.sleep(0.05)
             left = leftovers(before, watch)
     finally:
-        _WATCHES.clear()  # first: a fork from now on must not write to the fds stop() closes
-        watch.stop()
+        watch.end()
     if not left:
         return
     lines = []
