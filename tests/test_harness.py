@@ -6,6 +6,7 @@ that the README's first command starts a JupyterLab rooted at notebooks/.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import os
@@ -14,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -238,6 +240,51 @@ def test_leakcheck_catches_a_file_left_by_a_child_that_has_exited(pytester, monk
                                  "*ERROR at teardown of test_leaks_from_an_exited_fork_child*",
                                  "*/dev/shm/shmlab_*_c_0*"])
     assert not left, "the checker should have unlinked the leaked files"
+
+
+@pytest.mark.timeout(60)
+def test_leakcheck_opens_no_fd_and_runs_no_thread_in_the_test_process():
+    """While this test runs (the leak checker watching it), this process's fds stay as they
+    are: its fds, counted back to back for 1 s (tens of thousands of counts, nothing else
+    running), never change, and no thread of the checker exists. A watcher thread here
+    listed /proc and /dev/shm every 50 ms, holding a directory fd ~0.1 ms each time: about
+    100 of these counts saw it (and 1 to 3 of 500 counts 2 ms apart), as fd-counting tests
+    did (Note [Whose /dev/shm file is it?] in support/leakcheck.py)."""
+    counts = collections.Counter()
+    deadline = time.monotonic() + 1
+    while time.monotonic() < deadline:
+        counts[len(os.listdir("/proc/self/fd"))] += 1
+    theirs = [t.name for t in threading.enumerate() if t.name.startswith("leakcheck")]
+    assert (len(counts), theirs) == (1, []), (counts, theirs)
+
+
+REPORT_TESTS = """
+import json, threading, psutil
+
+def test_report():
+    watchers = [c.pid for c in psutil.Process().children()
+                if any(a.endswith("leakwatch.py") for a in c.cmdline())]
+    print("REPORT", json.dumps({"threads": threading.active_count(), "watchers": watchers}))
+"""
+
+
+@pytest.mark.timeout(120)
+def test_leakcheck_watches_from_a_process_of_its_own(pytester, monkeypatch):
+    """A run with the checker has the same threads as one without it, plus one leakwatch
+    child; a run without it (plugin disabled) starts no watcher; the watcher is gone once its
+    pytest has exited (EOF on its control socket)."""
+    pytester.makepyfile(test_report=REPORT_TESTS)
+    monkeypatch.setenv("PYTHONPATH", str(TESTS), prepend=os.pathsep)
+    reports = {}
+    for plugin in ("support.leakcheck", "no:support.leakcheck"):
+        result = pytester.runpytest_subprocess("-p", plugin, "-p", "no:cacheprovider", "-s")
+        result.assert_outcomes(passed=1)
+        line = next(x for x in result.stdout.lines if "REPORT {" in x)
+        reports[plugin] = json.loads(line.split("REPORT ", 1)[1])
+    watched, bare = reports["support.leakcheck"], reports["no:support.leakcheck"]
+    assert watched["threads"] == bare["threads"], reports
+    assert len(watched["watchers"]) == 1 and bare["watchers"] == [], reports
+    assert not psutil.pid_exists(watched["watchers"][0]), "the watcher outlived its pytest"
 
 
 # --- (b) a notebook carrying outputs is detected ---------------------------------------------
