@@ -6,6 +6,7 @@ that the README's first command starts a JupyterLab rooted at notebooks/.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import os
@@ -14,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -121,6 +123,168 @@ def test_leakcheck_blames_only_orphaned_managers_of_its_own_run():
     deadline = time.monotonic() + 10  # not our children: whoever adopted them reaps them
     while {ours, theirs} & leakcheck.manager_pids() and time.monotonic() < deadline:
         time.sleep(0.05)
+
+
+# Another program on the machine (another test run, a learner's notebook) makes a /dev/shm file
+# while a test runs, and exits: Note [Whose /dev/shm file is it?] in support/leakcheck.py.
+MAKE_FILE = """
+import os, sys, time
+deadline = time.monotonic() + 60
+while not os.path.exists(sys.argv[1]) and time.monotonic() < deadline:
+    time.sleep(0.01)  # wait for the go-ahead: the file must appear *during* the test
+os.close(os.open(f"/dev/shm/shmlab_{os.getpid()}_x_0", os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600))
+"""
+LAUNCH = """
+import subprocess, sys
+maker = subprocess.Popen([sys.executable, "-c", *sys.argv[1:]])
+print(maker.pid, flush=True)
+maker.wait(120)  # reaped at once, as a test run reaps its children: no zombie stays behind
+"""  # another run: the maker is not in the watched run's process family, nor is its parent
+
+OTHER_RUNS_TESTS = """
+import os, time
+
+def test_while_another_run_makes_files():
+    theirs = os.environ["THEIR_FILES"].split(",")
+    open("go", "w").close()  # now the other programs make their files, and exit
+    deadline = time.monotonic() + 60
+    while not all(map(os.path.exists, theirs)) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    pids = [int(os.path.basename(f).split("_")[1]) for f in theirs]
+    while any(os.path.exists(f"/proc/{pid}") for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.01)  # their creators are dead and reaped: the case that used to be blamed
+    assert all(map(os.path.exists, theirs))
+"""
+
+
+def _file_maker(env: dict, go: Path) -> tuple[subprocess.Popen, str]:
+    launcher = subprocess.Popen([sys.executable, "-c", LAUNCH, MAKE_FILE, str(go)], env=env,
+                                stdout=subprocess.PIPE, text=True)
+    return launcher, f"/dev/shm/shmlab_{int(launcher.stdout.readline())}_x_0"
+
+
+@pytest.mark.timeout(120)
+def test_leakcheck_leaves_files_of_other_runs_alone(pytester, monkeypatch):
+    """A run's test is watched while two programs outside its process family make a
+    /dev/shm/shmlab_<pid>_x_0 file each and exit: one with no run marker at all (env
+    stripped), one with another run's marker. Before: both files counted as the test's leak
+    (creator dead) and were unlinked under their owners."""
+    from support import leakcheck
+
+    go = pytester.path / "go"
+    stripped = {k: v for k, v in os.environ.items() if k != leakcheck.RUN_ENV}
+    makers = [_file_maker(stripped, go),
+              _file_maker(dict(os.environ, **{leakcheck.RUN_ENV: "another-run"}), go)]
+    names = [name for _, name in makers]
+    try:
+        pytester.makepyfile(test_other_runs=OTHER_RUNS_TESTS)
+        monkeypatch.setenv("PYTHONPATH", str(TESTS), prepend=os.pathsep)
+        monkeypatch.setenv("SHMLAB_LEAKCHECK_GRACE", "0.5")
+        monkeypatch.setenv(leakcheck.RUN_ENV, "the-watched-run")  # a run of its own
+        monkeypatch.setenv("THEIR_FILES", ",".join(names))
+        result = pytester.runpytest_subprocess("-p", "support.leakcheck", "-p",
+                                               "no:cacheprovider", "-v")
+        still_there = [os.path.exists(name) for name in names]
+    finally:
+        go.touch()  # if the run failed before its go-ahead: let the makers finish
+        for launcher, name in makers:
+            launcher.communicate(timeout=60)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(name)  # ours to remove: this (outer) test started their makers
+    result.assert_outcomes(passed=1)
+    result.stdout.no_fnmatch_line("*left these behind*")
+    assert still_there == [True, True], "the checker unlinked another run's file"
+
+
+EXITED_CHILD_TESTS = """
+import os, subprocess, sys
+
+MAKE = ("import os; "
+        "os.close(os.open(f'/dev/shm/shmlab_{os.getpid()}_c_0', os.O_CREAT | os.O_RDWR, 0o600))")
+
+def make():
+    exec(MAKE)
+
+def test_leaks_from_an_exited_child_without_the_marker():
+    subprocess.run([sys.executable, "-c", MAKE], env={}, check=True, timeout=60)
+
+def test_leaks_from_an_exited_fork_child():
+    pid = os.fork()
+    if pid == 0:  # makes its file and is gone within microseconds: no poll could see it
+        try:
+            make()
+        finally:
+            os._exit(0)
+    assert os.waitpid(pid, 0)[1] == 0  # reaped at once
+"""
+
+
+@pytest.mark.timeout(120)
+def test_leakcheck_catches_a_file_left_by_a_child_that_has_exited(pytester, monkeypatch):
+    """The creator is gone, and reaped, before the test ends: one child ran without the run's
+    marker (env={}), one was forked and exited microseconds after making its file (its
+    /proc/<pid>/environ never names the marker; it announced itself through the watcher's
+    fork pipe). The watcher knew both as the test's family, so both files are its leak."""
+    pytester.makepyfile(test_exited=EXITED_CHILD_TESTS)
+    monkeypatch.setenv("PYTHONPATH", str(TESTS), prepend=os.pathsep)
+    monkeypatch.setenv("SHMLAB_LEAKCHECK_GRACE", "0.5")
+    before = {n for n in os.listdir("/dev/shm") if n.endswith("_c_0")}
+    result = pytester.runpytest_subprocess("-p", "support.leakcheck", "-p", "no:cacheprovider",
+                                           "-v")
+    left = {n for n in os.listdir("/dev/shm") if n.endswith("_c_0")} - before
+    for name in left:  # only if the checker failed to remove them
+        os.unlink(f"/dev/shm/{name}")
+    result.assert_outcomes(passed=2, errors=2)
+    result.stdout.fnmatch_lines(["*ERROR at teardown of test_leaks_from_an_exited_child_w*",
+                                 "*/dev/shm/shmlab_*_c_0*",
+                                 "*ERROR at teardown of test_leaks_from_an_exited_fork_child*",
+                                 "*/dev/shm/shmlab_*_c_0*"])
+    assert not left, "the checker should have unlinked the leaked files"
+
+
+@pytest.mark.timeout(60)
+def test_leakcheck_opens_no_fd_and_runs_no_thread_in_the_test_process():
+    """While this test runs (the leak checker watching it), this process's fds stay as they
+    are: its fds, counted back to back for 1 s (tens of thousands of counts, nothing else
+    running), never change, and no thread of the checker exists. A watcher thread here
+    listed /proc and /dev/shm every 50 ms, holding a directory fd ~0.1 ms each time: about
+    100 of these counts saw it (and 1 to 3 of 500 counts 2 ms apart), as fd-counting tests
+    did (Note [Whose /dev/shm file is it?] in support/leakcheck.py)."""
+    counts = collections.Counter()
+    deadline = time.monotonic() + 1
+    while time.monotonic() < deadline:
+        counts[len(os.listdir("/proc/self/fd"))] += 1
+    theirs = [t.name for t in threading.enumerate() if t.name.startswith("leakcheck")]
+    assert (len(counts), theirs) == (1, []), (counts, theirs)
+
+
+REPORT_TESTS = """
+import json, threading, psutil
+
+def test_report():
+    watchers = [c.pid for c in psutil.Process().children()
+                if any(a.endswith("leakwatch.py") for a in c.cmdline())]
+    print("REPORT", json.dumps({"threads": threading.active_count(), "watchers": watchers}))
+"""
+
+
+@pytest.mark.timeout(120)
+def test_leakcheck_watches_from_a_process_of_its_own(pytester, monkeypatch):
+    """A run with the checker has the same threads as one without it, plus one leakwatch
+    child; a run without it (plugin disabled) starts no watcher; the watcher is gone once its
+    pytest has exited (EOF on its control socket)."""
+    pytester.makepyfile(test_report=REPORT_TESTS)
+    monkeypatch.setenv("PYTHONPATH", str(TESTS), prepend=os.pathsep)
+    reports = {}
+    for plugin in ("support.leakcheck", "no:support.leakcheck"):
+        result = pytester.runpytest_subprocess("-p", plugin, "-p", "no:cacheprovider", "-s")
+        result.assert_outcomes(passed=1)
+        line = next(x for x in result.stdout.lines if "REPORT {" in x)
+        reports[plugin] = json.loads(line.split("REPORT ", 1)[1])
+    watched, bare = reports["support.leakcheck"], reports["no:support.leakcheck"]
+    assert watched["threads"] == bare["threads"], reports
+    assert len(watched["watchers"]) == 1 and bare["watchers"] == [], reports
+    assert not psutil.pid_exists(watched["watchers"][0]), "the watcher outlived its pytest"
 
 
 # --- (b) a notebook carrying outputs is detected ---------------------------------------------

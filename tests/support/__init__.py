@@ -2,6 +2,7 @@
 notebooks, and the manager tests' fixtures.
 
 leakcheck (plugin, autouse)  fail a test that leaves /dev/shm files, children or managers behind
+leakwatch                    the leak checker's watcher process (whose /dev/shm file is whose)
 families (plugin)            LIBS, both(), the `families` fixture: torch and shmlab side by side
 managers (plugin)            the `segment` and `fresh_client` fixtures of the manager tests
 waiting                      wait_for(), stop()

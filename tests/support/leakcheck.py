@@ -1,7 +1,8 @@
 """pytest plugin: fail any test that leaves shared memory or processes behind.
 
 Every test is watched (autouse). After it ends, new files in /dev/shm named like torch's,
-shmlab's or the stdlib's segments, new child processes of the test process, and new manager
+shmlab's or the stdlib's segments that this test made (Note [Whose /dev/shm file is it?]),
+new child processes of the test process, and new manager
 daemons (torch_shm_manager, shmlab.manager) get a short grace period to go away: managers
 legitimately linger ~2 s after their last client. Whatever is still there then is killed or
 unlinked, so the next test starts clean, and the test errors with a list of what leaked.
@@ -19,21 +20,61 @@ manager counts as ours if its parent is in this test's process family or, once o
 its environment carries our marker (/proc/<pid>/environ, readable for our own uid). A test
 that starts a manager with an environment of its own (env={...} without the marker) and
 orphans it is not caught; one whose starter still runs is.
+
+Note [Whose /dev/shm file is it?]
+/dev/shm is shared by every program of the machine: other test runs, a learner's notebooks
+(notebook 05 leaves its "lonely" file on purpose, notebook 11's runbook makes one). Counting
+"a new torch_/shmlab_/psm_ file whose creator is dead" as this test's leak blamed them, and
+unlinking it broke them: the unsafe cleaning notebook 11's runbook warns about. So a file is
+this test's leak only if it is provably ours:
+  1. it appeared during the test (it was not in /dev/shm at set-up), and
+  2. its creator (the pid in torch_<pid>_... / shmlab_<pid>_...) was a member of this test's
+     process family (the test process and its descendants), or, still alive, descends from
+     the test process or carries our RUN_ENV marker in its environment (an orphan that was
+     exec'd, as spawn children and Popen are). A psm_ name has no pid: it is ours if a family
+     member holds an fd on it or maps it when it is seen.
+A creator usually exits before the test ends (a child that leaks and quits), so membership
+must be learned while it lives: a watcher records the family's pids (with their start times,
+so a reused pid is not mistaken for ours) at set-up, whenever a file appears in /dev/shm
+(inotify wakes it within milliseconds of the shm_open), every POLL_S, and for every os.fork
+of a family member: the fork child writes its own pid to the watcher's pipe before it runs a
+line of the test's code (os.register_at_fork), so even a child that forks, makes a file and
+exits within a millisecond is known. Each new file is judged when it is first seen.
+Anything else is left alone: never reported, never unlinked.
+What it cannot see: an exec'd child (Popen, spawn) that made a file and exited faster than
+the watcher's reaction; a psm_ file whose creator closed it before it was seen; an orphan of
+ours that was never seen in the family and carries no marker. Those leaks go unreported:
+the price of never removing a file of someone else.
+The watcher is a process of its own (support/leakwatch.py, exec'd once per session, a child
+of pytest that is never counted as a leaked child), not a thread in the test process: a
+thread listing /proc and /dev/shm there held a directory fd for a fraction of a millisecond
+every POLL_S, which made tests that count this process's fds before and after an operation
+fail about once in a hundred counts (and os.fork warn of a multi-threaded process on 3.12+).
+So during a test this process opens no fd and runs no thread for the checker: it keeps the
+watcher's control socket and the fork pipe's write end, the same two fds all session, says
+"a test starts" at set-up and asks "which new files are provably ours?" at teardown.
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import json
 import os
 import secrets
 import signal
+import socket
+import struct
+import subprocess
 import sys
 import time
 
 import psutil
 import pytest
 
-SHM_DIR = "/dev/shm"
-SHM_PREFIXES = ("torch_", "shmlab_", "psm_")
+from . import leakwatch
+from .leakwatch import SHM_DIR
+
 MANAGER_MARKERS = ("torch_shm_manager", "shmlab.manager")
 # torch's manager waits 2 s after its last client; allow for a loaded 2-core machine.
 GRACE_S = float(os.environ.get("SHMLAB_LEAKCHECK_GRACE", "6"))
@@ -46,26 +87,98 @@ def _family() -> set[int]:
     return {me.pid} | {c.pid for c in me.children(recursive=True)}
 
 
-def _foreign(pid: int | None, family: set[int]) -> bool:
-    """A live process outside this test process's family: another program's, not a leak of ours.
+# --- whose /dev/shm file is it? See Note [Whose /dev/shm file is it?] -------------------------
 
-    (A dead creator's file or an orphaned manager re-parented to init stays suspect.)
+
+class Watcher:
+    """The leakwatch process of this pytest session, and the two fds it leaves here.
+
+    Started once, at the first watched test's set-up (so never where the plugin is disabled),
+    as a fresh interpreter (subprocess, not a fork: no copy of pytest's state, no thread here).
+    Here stay only the control socket and the fork pipe's write end, the same two fds from the
+    first test to the last, so they cancel out of any fd count a test takes.
     """
-    return pid is not None and pid > 1 and pid not in family and psutil.pid_exists(pid)
+
+    def __init__(self):
+        self.owner = os.getpid()
+        # O_CLOEXEC: fork children keep the write end (and announce themselves), exec'd ones
+        # drop it (they carry RUN_ENV instead). Non-blocking: a full pipe never stalls a fork.
+        forks_r, self.forks_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self.ctrl, theirs = socket.socketpair()  # both ends non-inheritable
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, leakwatch.__file__, str(theirs.fileno()), str(forks_r),
+                 str(self.owner), f"{RUN_ENV}={RUN_ID}"],
+                pass_fds=(theirs.fileno(), forks_r), stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL, cwd="/")
+        finally:
+            theirs.close()
+            os.close(forks_r)
+        self.ctrl.settimeout(60)  # a watcher that hangs fails the test instead of the run
+
+    def ask(self, command: bytes):
+        """Send one command, return the watcher's one-line answer (decoded JSON or "ok")."""
+        self.ctrl.sendall(command)
+        reply = b""
+        while not reply.endswith(b"\n"):
+            chunk = self.ctrl.recv(65536)
+            if not chunk:
+                raise RuntimeError(f"the leak watcher (pid {self.proc.pid}) died: see its "
+                                   "traceback above; tests/support/leakwatch.py")
+            reply += chunk
+        answer = reply.decode().strip()
+        answer = answer if answer == "ok" else json.loads(answer)
+        if isinstance(answer, dict):
+            raise RuntimeError(f"the leak watcher failed: {answer['error']}")
+        return answer
+
+    def begin(self) -> None:
+        self.ask(b"B")
+
+    def poll(self) -> set[str]:
+        return set(self.ask(b"P"))
+
+    def end(self) -> None:
+        self.ask(b"E")
+
+    def close(self) -> None:
+        """At exit: hang up (EOF ends the watcher) and reap it."""
+        if os.getpid() != self.owner:
+            return  # a fork child of pytest exiting through sys.exit: not its watcher
+        self.ctrl.close()
+        os.close(self.forks_w)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(5)
 
 
-def _creator(name: str) -> int | None:
-    parts = name.split("_")
-    return int(parts[1]) if len(parts) > 2 and parts[1].isdigit() else None
+_WATCHER: list[Watcher] = []  # this process's one watcher, once started
 
 
-def shm_files() -> set[str]:
-    try:
-        names = {n for n in os.listdir(SHM_DIR) if n.startswith(SHM_PREFIXES)}
-    except FileNotFoundError:
-        return set()
-    family = _family()
-    return {n for n in names if not _foreign(_creator(n), family)}
+def _watcher() -> Watcher:
+    if not _WATCHER:
+        _WATCHER.append(Watcher())
+        atexit.register(_WATCHER[0].close)
+    return _WATCHER[0]
+
+
+def _watcher_pids() -> set[int]:
+    return {w.proc.pid for w in _WATCHER}
+
+
+def _announce_fork() -> None:
+    """In a fork child of the test process (os.fork, as multiprocessing's fork does; a fork
+    server's children are forked by an exec'd server, so they carry RUN_ENV): write our pid
+    to the watcher's fork pipe, so that it knows us even if we exit within a millisecond, and
+    close the control socket, which is the parent's conversation (and whose EOF tells the
+    watcher that pytest is gone). The write end stays, for our own fork children."""
+    for watcher in _WATCHER:
+        with contextlib.suppress(OSError):  # full: the watcher reads it within POLL_S
+            os.write(watcher.forks_w, struct.pack("i", os.getpid()))
+        with contextlib.suppress(OSError):
+            watcher.ctrl.close()
+
+
+os.register_at_fork(after_in_child=_announce_fork)
 
 
 def _is_manager(proc: psutil.Process) -> bool:
@@ -132,15 +245,16 @@ def child_pids() -> set[int]:
                 pids.add(child.pid)
         except psutil.NoSuchProcess:
             continue
-    return pids - _persistent_helper_pids()
+    return pids - _persistent_helper_pids() - _watcher_pids()
 
 
-def snapshot() -> dict[str, set]:
-    return {"shm": shm_files(), "children": child_pids(), "managers": manager_pids()}
+def snapshot(watch: Watcher | None = None) -> dict[str, set]:
+    shm = watch.poll() if watch is not None else set()
+    return {"shm": shm, "children": child_pids(), "managers": manager_pids()}
 
 
-def leftovers(before: dict[str, set]) -> dict[str, set]:
-    now = snapshot()
+def leftovers(before: dict[str, set], watch: Watcher | None = None) -> dict[str, set]:
+    now = snapshot(watch)
     return {k: now[k] - before[k] for k in now if now[k] - before[k]}
 
 
@@ -166,6 +280,8 @@ def clean_up(left: dict[str, set]) -> None:
     # Reap our own killed children so they do not linger as zombies.
     deadline = time.monotonic() + 2
     for child in psutil.Process().children():
+        if child.pid in _watcher_pids():
+            continue  # lives for the session
         try:
             child.wait(timeout=max(0.0, deadline - time.monotonic()))
         except (psutil.TimeoutExpired, psutil.NoSuchProcess, ChildProcessError):
@@ -178,13 +294,18 @@ def no_leaks(request):
     if request.node.get_closest_marker("allow_leaks"):
         yield
         return
-    before = snapshot()
-    yield
-    deadline = time.monotonic() + GRACE_S
-    left = leftovers(before)
-    while left and time.monotonic() < deadline:
-        time.sleep(0.05)
-        left = leftovers(before)
+    watch = _watcher()
+    before = snapshot()  # no shm entry: the watcher knows what was there
+    watch.begin()
+    try:
+        yield
+        deadline = time.monotonic() + GRACE_S
+        left = leftovers(before, watch)
+        while left and time.monotonic() < deadline:
+            time.sleep(0.05)
+            left = leftovers(before, watch)
+    finally:
+        watch.end()
     if not left:
         return
     lines = []
