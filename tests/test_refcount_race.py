@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 
 import pytest
 
@@ -119,7 +120,7 @@ def _hold_the_lock_then(mapping, then) -> int:
     pid = os.fork()
     if pid == 0:
         try:
-            mapping.lock.__enter__()
+            mapping.lock.acquire()
             os.write(w, b"x")
             then()
         finally:
@@ -160,3 +161,33 @@ def test_a_holder_stopped_inside_the_lock_gets_a_clear_error_not_a_hang(segment,
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
     assert _shm.incref(name, mapping) == 2 and _shm.decref(name, mapping) == 1
+
+
+@pytest.mark.timeout(60)
+def test_a_ctrl_c_just_as_the_wait_takes_the_lock_does_not_leave_it_held(segment):
+    # Note [A lock that a Ctrl-C cannot leave held]: the signal comes during the wait, the
+    # holder goes within the same wait slice, the wait takes the lock (EOWNERDEAD), and the
+    # KeyboardInterrupt is raised right after: the lock must not stay ours.
+    name, mapping = segment
+    pid = _hold_the_lock_then(mapping, lambda: time.sleep(0.25))  # then dies holding it
+    signal.signal(signal.SIGALRM, _interrupt)
+    signal.setitimer(signal.ITIMER_REAL, 0.22)
+    returned = []
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            returned.append(_shm.incref(name, mapping))
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)
+        os.waitpid(pid, 0)
+    assert returned == []  # interrupted inside incref, before it counted
+    other = []
+    t = threading.Thread(target=lambda: other.append(_shm.incref(name, mapping)))
+    t.start()  # another thread: a lock we still held would keep it waiting 10 s
+    t.join(5)
+    assert other == [2], other  # the interrupted incref changed nothing; the lock was free
+    assert _shm.decref(name, mapping) == 1
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt

@@ -28,6 +28,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+import threading
 import time
 
 from .mapping import _libc
@@ -35,6 +36,8 @@ from .mapping import _libc
 MAGIC = b"SHML"  # at [4:8): "this header holds a lock that create_refcounted set up"
 MAGIC_OFFSET, LOCK_OFFSET, LOCK_SPACE = 4, 8, 56
 LOCK_TIMEOUT_S = 10.0  # a holder keeps it for microseconds; 10 s means a stopped or stuck one
+WAIT_SLICE_S = 0.1  # how long one wait lasts before signals (Ctrl-C) get their turn
+_FUTEX_TID_MASK = 0x3FFFFFFF  # linux/futex.h: the owner's thread id in a robust futex word
 
 _PTHREAD_PROCESS_SHARED = 1
 _PTHREAD_MUTEX_ROBUST = 1
@@ -83,31 +86,59 @@ def is_set_up(header_addr: int) -> bool:
     return ctypes.string_at(header_addr + MAGIC_OFFSET, len(MAGIC)) == MAGIC
 
 
-class HeaderLock:
-    """``with lock:`` holds the mutex in one mapped header (every thread and process alike)."""
+# The C unlock itself, called straight from a ``finally``: a Python function in between would
+# start with a check for pending signals, and a KeyboardInterrupt raised there would leave
+# the lock held by a thread that lives on, which no robust mutex recovers.
+release = _unlock
 
-    __slots__ = ("name", "_mutex")
+
+class HeaderLock:
+    """The mutex in one mapped header: ``acquire()``, then ``release(lock.mutex)`` in a finally.
+
+    Note [A lock that a Ctrl-C cannot leave held]
+    A KeyboardInterrupt (Jupyter's "interrupt kernel") is raised between two bytecodes, so it
+    can land just after pthread_mutex_lock returned and before we know we hold the lock. So
+    ``acquire`` asks the lock itself on the way out of an exception: a robust mutex's first
+    int holds its owner's thread id (the kernel's robust-futex ABI), and if that is us, it
+    unlocks before the exception goes on. The wait is in slices of WAIT_SLICE_S, so a
+    Ctrl-C during it is raised within one slice, not after LOCK_TIMEOUT_S.
+    """
+
+    __slots__ = ("name", "mutex")
 
     def __init__(self, header_addr: int, name: str):
-        self.name, self._mutex = name, ctypes.c_void_p(header_addr + LOCK_OFFSET)
+        # Only the address: a reference back to the mapping would make a cycle, and the
+        # mapping would then be unmapped by the cyclic collector, late, not by its last user.
+        self.name, self.mutex = name, ctypes.c_void_p(header_addr + LOCK_OFFSET)
 
-    def __enter__(self) -> HeaderLock:
-        err = _trylock(self._mutex)  # the usual case: free, taken without a system call
-        if err == errno.EBUSY:
-            err = self._wait()
-        if err == errno.EOWNERDEAD:  # its holder died holding it; the count is whole (Note)
-            err = _libc.pthread_mutex_consistent(self._mutex)
+    def acquire(self) -> None:
+        try:
+            err = _trylock(self.mutex)  # the usual case: free, taken without a system call
+            if err == errno.EBUSY:
+                err = self._wait()
+            if err == errno.EOWNERDEAD:  # its holder died holding it; the count is whole
+                err = _libc.pthread_mutex_consistent(self.mutex)
+        except BaseException:
+            if self._held_by_me():
+                _libc.pthread_mutex_consistent(self.mutex)  # EINVAL if it already was: fine
+                _unlock(self.mutex)
+            raise
         if err:
             raise self._error(err)
-        return self
 
-    def __exit__(self, *exc) -> None:
-        _unlock(self._mutex)
+    def _held_by_me(self) -> bool:
+        word = ctypes.c_uint32.from_address(self.mutex.value).value
+        return word & _FUTEX_TID_MASK == threading.get_native_id()
 
     def _wait(self) -> int:
-        deadline = time.time() + LOCK_TIMEOUT_S  # timedlock takes a CLOCK_REALTIME deadline
-        when = _Timespec(int(deadline), min(int(deadline % 1 * 1e9), 999_999_999))
-        return _libc.pthread_mutex_timedlock(self._mutex, ctypes.byref(when))
+        deadline = time.monotonic() + LOCK_TIMEOUT_S
+        while True:
+            # timedlock takes a CLOCK_REALTIME instant; short slices keep a clock step harmless
+            until = time.time() + min(WAIT_SLICE_S, max(0.0, deadline - time.monotonic()))
+            when = _Timespec(int(until), min(int(until % 1 * 1e9), 999_999_999))
+            err = _libc.pthread_mutex_timedlock(self.mutex, ctypes.byref(when))
+            if err != errno.ETIMEDOUT or time.monotonic() >= deadline:
+                return err
 
     def _error(self, err: int) -> OSError:
         if err == errno.ETIMEDOUT:

@@ -138,6 +138,12 @@ def _set_count(seg: RefcountedMapping, value: int) -> None:
     seg.count = value
 
 
+def _check_alive(seg: RefcountedMapping) -> None:
+    """Under the lock: refuse to count into a segment whose count already reached 0."""
+    if seg.count <= 0:  # its last user is closing it right now (or died doing so)
+        raise FileNotFoundError(errno.ENOENT, f"shared memory segment {seg.name} is being freed")
+
+
 def _names_our_file(seg: RefcountedMapping) -> bool:
     """Does the name still name the file we map? False if it is gone or another file now.
 
@@ -172,11 +178,12 @@ def create_refcounted(name: str, size: int, data: memoryview | None = None) -> R
 def attach_refcounted(name: str, size: int) -> RefcountedMapping:
     """Map an existing segment, then count ourselves in (+1) under its lock."""
     mapping = _map_checked(name, check_size(size))
-    with mapping.lock:
-        count = mapping.count
-        if count <= 0:  # its last user is closing it right now
-            raise FileNotFoundError(errno.ENOENT, f"shared memory segment {name} is being freed")
-        _set_count(mapping, count + 1)  # if this refuses, the mapping is dropped and unmapped
+    mapping.lock.acquire()
+    try:  # (not `with`: see Note [A lock that a Ctrl-C cannot leave held] in headerlock.py)
+        _check_alive(mapping)
+        _set_count(mapping, mapping.count + 1)  # if this refuses, the mapping is unmapped
+    finally:
+        headerlock.release(mapping.lock.mutex)
     return mapping
 
 
@@ -188,10 +195,13 @@ def incref(name: str, held: RefcountedMapping | None = None) -> int:
         raise FileNotFoundError(  # a receiver sent to this name would find another file
             errno.ENOENT, f"{SHM_DIR}{name} is no longer the segment we map")
     seg = held if held is not None else _map_checked(name)
-    with seg.lock:
-        count = seg.count + 1
-        _set_count(seg, count)
-        return count
+    seg.lock.acquire()
+    try:
+        _check_alive(seg)  # a holder has a count; a caller without a mapping may not
+        _set_count(seg, seg.count + 1)
+        return seg.count
+    finally:
+        headerlock.release(seg.lock.mutex)
 
 
 def decref(name: str, held: RefcountedMapping | None = None) -> int:
@@ -205,7 +215,8 @@ def decref(name: str, held: RefcountedMapping | None = None) -> int:
         seg = held if held is not None else _map_checked(name)
     except FileNotFoundError:
         return 0  # already reclaimed (by the manager, or by hand): nothing left to release
-    with seg.lock:
+    seg.lock.acquire()
+    try:
         count = seg.count - 1
         if count == 0 and not _names_our_file(seg):
             seg.count = 0  # ours was reclaimed (and the name maybe reused): unlink nothing
@@ -214,6 +225,8 @@ def decref(name: str, held: RefcountedMapping | None = None) -> int:
         if count == 0:
             shm_unlink(name)
         return count
+    finally:
+        headerlock.release(seg.lock.mutex)
 
 
 def read_refcount(name: str) -> int | None:
