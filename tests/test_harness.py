@@ -259,20 +259,29 @@ def test_leakcheck_opens_no_fd_and_runs_no_thread_in_the_test_process():
 
 
 REPORT_TESTS = """
-import json, threading, psutil
+import json, os, threading, psutil
+
+def _is_watcher(p):
+    try:
+        cmd = p.cmdline()
+    except psutil.Error:
+        return False
+    return len(cmd) > 4 and cmd[1].endswith("leakwatch.py") and cmd[4] == str(os.getpid())
 
 def test_report():
-    watchers = [c.pid for c in psutil.Process().children()
-                if any(a.endswith("leakwatch.py") for a in c.cmdline())]
-    print("REPORT", json.dumps({"threads": threading.active_count(), "watchers": watchers}))
+    me = psutil.Process()
+    watchers = [p.pid for p in psutil.process_iter() if _is_watcher(p)]
+    children = [c.pid for c in me.children(recursive=True)]
+    print("REPORT", json.dumps({"threads": threading.active_count(), "watchers": watchers,
+                                "children": children}))
 """
 
 
 @pytest.mark.timeout(120)
 def test_leakcheck_watches_from_a_process_of_its_own(pytester, monkeypatch):
-    """A run with the checker has the same threads as one without it, plus one leakwatch
-    child; a run without it (plugin disabled) starts no watcher; the watcher is gone once its
-    pytest has exited (EOF on its control socket)."""
+    """A run with the checker has the same threads and children as one without it, and one
+    leakwatch process watching it, which is nobody's child; a run without it (plugin disabled)
+    starts no watcher; the watcher is gone once its pytest has exited."""
     pytester.makepyfile(test_report=REPORT_TESTS)
     monkeypatch.setenv("PYTHONPATH", str(TESTS), prepend=os.pathsep)
     reports = {}
@@ -283,8 +292,13 @@ def test_leakcheck_watches_from_a_process_of_its_own(pytester, monkeypatch):
         reports[plugin] = json.loads(line.split("REPORT ", 1)[1])
     watched, bare = reports["support.leakcheck"], reports["no:support.leakcheck"]
     assert watched["threads"] == bare["threads"], reports
+    assert watched["children"] == bare["children"] == [], reports
     assert len(watched["watchers"]) == 1 and bare["watchers"] == [], reports
-    assert not psutil.pid_exists(watched["watchers"][0]), "the watcher outlived its pytest"
+    pid = watched["watchers"][0]
+    deadline = time.monotonic() + 10  # not our child: it exits on its own, soon after EOF
+    while psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+        assert time.monotonic() < deadline, "the watcher outlived its pytest"
+        time.sleep(0.05)
 
 
 # --- (b) a notebook carrying outputs is detected ---------------------------------------------

@@ -111,21 +111,31 @@ class Watcher:
                  str(self.owner), f"{RUN_ENV}={RUN_ID}"],
                 pass_fds=(theirs.fileno(), forks_r), stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL, cwd="/")
+            self.proc.wait(30)  # it forks the watcher and exits: the watcher is nobody's child
         finally:
             theirs.close()
             os.close(forks_r)
         self.ctrl.settimeout(60)  # a watcher that hangs fails the test instead of the run
 
     def ask(self, command: bytes):
-        """Send one command, return the watcher's one-line answer (decoded JSON or "ok")."""
-        self.ctrl.sendall(command)
-        reply = b""
-        while not reply.endswith(b"\n"):
-            chunk = self.ctrl.recv(65536)
-            if not chunk:
-                raise RuntimeError(f"the leak watcher (pid {self.proc.pid}) died: see its "
-                                   "traceback above; tests/support/leakwatch.py")
-            reply += chunk
+        """Send one command, return the watcher's one-line answer (decoded JSON or "ok").
+
+        On any failure this watcher is dropped (the next test starts a fresh one): a late
+        answer must never be read as the answer to the next command."""
+        try:
+            self.ctrl.sendall(command)
+            reply = b""
+            while not reply.endswith(b"\n"):
+                chunk = self.ctrl.recv(65536)
+                if not chunk:
+                    raise RuntimeError("the leak watcher died: see its traceback above; "
+                                       "tests/support/leakwatch.py")
+                reply += chunk
+        except BaseException:
+            if self in _WATCHER:
+                _WATCHER.remove(self)
+                self.close()
+            raise
         answer = reply.decode().strip()
         answer = answer if answer == "ok" else json.loads(answer)
         if isinstance(answer, dict):
@@ -142,13 +152,12 @@ class Watcher:
         self.ask(b"E")
 
     def close(self) -> None:
-        """At exit: hang up (EOF ends the watcher) and reap it."""
-        if os.getpid() != self.owner:
-            return  # a fork child of pytest exiting through sys.exit: not its watcher
+        """Hang up: EOF ends the watcher (not our child: nothing to reap). Twice is fine."""
+        if os.getpid() != self.owner or self.forks_w is None:
+            return  # a fork child of pytest exiting through sys.exit, or closed already
         self.ctrl.close()
         os.close(self.forks_w)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(5)
+        self.forks_w = None
 
 
 _WATCHER: list[Watcher] = []  # this process's one watcher, once started
@@ -159,10 +168,6 @@ def _watcher() -> Watcher:
         _WATCHER.append(Watcher())
         atexit.register(_WATCHER[0].close)
     return _WATCHER[0]
-
-
-def _watcher_pids() -> set[int]:
-    return {w.proc.pid for w in _WATCHER}
 
 
 def _announce_fork() -> None:
@@ -245,7 +250,7 @@ def child_pids() -> set[int]:
                 pids.add(child.pid)
         except psutil.NoSuchProcess:
             continue
-    return pids - _persistent_helper_pids() - _watcher_pids()
+    return pids - _persistent_helper_pids()
 
 
 def snapshot(watch: Watcher | None = None) -> dict[str, set]:
@@ -280,8 +285,6 @@ def clean_up(left: dict[str, set]) -> None:
     # Reap our own killed children so they do not linger as zombies.
     deadline = time.monotonic() + 2
     for child in psutil.Process().children():
-        if child.pid in _watcher_pids():
-            continue  # lives for the session
         try:
             child.wait(timeout=max(0.0, deadline - time.monotonic()))
         except (psutil.TimeoutExpired, psutil.NoSuchProcess, ChildProcessError):

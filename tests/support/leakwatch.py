@@ -20,6 +20,7 @@ import ctypes
 import json
 import os
 import select
+import signal
 import socket
 import struct
 import sys
@@ -215,17 +216,30 @@ class Watch:
         return set(self.ours)
 
 
-def serve(ctrl: socket.socket, watch: Watch) -> None:
-    """Answer the plugin's commands until it hangs up; watch in between."""
+def _end(watch: Watch) -> str:
+    watch.poll()  # drain the fork pipe
+    watch.watching = False
+    return "ok"
+
+
+COMMANDS = {  # one byte from the plugin -> the one-line answer
+    b"B": lambda watch: (watch.begin(), "ok")[1],
+    b"P": lambda watch: json.dumps(sorted(watch.poll())),
+    b"E": _end,
+}
+
+
+def serve(ctrl: socket.socket, watch: Watch, root_gone=None) -> None:
+    """Answer the plugin's commands until it hangs up (or pytest is gone); watch in between."""
     inotify = _inotify(SHM_DIR)
-    wake = [ctrl, watch.forks_r] + ([inotify] if inotify is not None else [])
+    wake = [ctrl, watch.forks_r] + [fd for fd in (inotify, root_gone) if fd is not None]
     while True:
         # Idle between tests: sleep until a command (or a fork to drain); watching: POLL_S.
         ready = select.select(wake, [], [], POLL_S if watch.watching else None)[0]
         if inotify in ready:
             with contextlib.suppress(BlockingIOError):
                 os.read(inotify, 65536)  # the events only wake us up
-        if os.getppid() != watch.root:
+        if root_gone in ready or (root_gone is None and _start_time(watch.root) is None):
             return  # pytest is gone (the socket's EOF says so too, unless a child kept it)
         if ctrl not in ready:
             with contextlib.suppress(Exception):  # a process vanishing mid-read: next round
@@ -234,29 +248,34 @@ def serve(ctrl: socket.socket, watch: Watch) -> None:
         command = ctrl.recv(1)
         if not command:
             return  # EOF: pytest exited
-        if command == b"B":
-            watch.begin()
-            reply = "ok"
-        elif command == b"P":
-            for _ in range(3):  # a process vanishing mid-read: read again
-                try:
-                    reply = json.dumps(sorted(watch.poll()))
-                    break
-                except Exception as exc:  # noqa: BLE001 - reported to the plugin after 3 tries
-                    reply = json.dumps({"error": repr(exc)})
-        elif command == b"E":
-            watch.poll()  # drain the fork pipe
-            watch.watching = False
-            reply = "ok"
-        else:
+        if command not in COMMANDS:
             reply = json.dumps({"error": f"unknown command {command!r}"})
+        for _ in range(3):  # a process vanishing mid-read: try again
+            try:
+                reply = COMMANDS[command](watch)
+                break
+            except Exception as exc:  # noqa: BLE001 - reported to the plugin after 3 tries
+                reply = json.dumps({"error": repr(exc)})
         ctrl.sendall(reply.encode() + b"\n")
+
+
+def _gone(root: int):
+    """Something that becomes readable when pytest (``root``) exits: a pidfd, where we get one."""
+    with contextlib.suppress(OSError, AttributeError):
+        return os.pidfd_open(root)
+    return None
 
 
 def main(argv: list[str]) -> None:
     ctrl_fd, forks_r, root, marker = int(argv[1]), int(argv[2]), int(argv[3]), argv[4]
+    # Be nobody's child: the process pytest started exits at once (the plugin reaps it) and
+    # its fork child watches. A child of pytest would show up wherever a test or a notebook
+    # Session lists the test process's children ("children left: [the watcher]").
+    if os.fork():
+        os._exit(0)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C meant for pytest: it stops us (EOF)
     os.set_blocking(forks_r, False)
-    serve(socket.socket(fileno=ctrl_fd), Watch(root, forks_r, marker.encode()))
+    serve(socket.socket(fileno=ctrl_fd), Watch(root, forks_r, marker.encode()), _gone(root))
 
 
 if __name__ == "__main__":
