@@ -167,6 +167,29 @@ def close(name, mapping):
         os.close(fd)
     mapping.close()
 """),
+    "lab3 attach writes the count as 8 bytes": ("lab3_file_system_refcount", "ex1_attach_close",
+                                                """
+def attach(name, size):
+    fd = shm_open(name, os.O_RDWR, 0o600)
+    try:
+        count = struct.unpack("<q", os.pread(fd, 8, 0))[0] & 0xFFFFFFFF
+        os.pwrite(fd, struct.pack("<q", count + 1), 0)  # wrong: 8 bytes, over shmlab's mark
+        return mmap.mmap(fd, HEADER_SIZE + size)
+    finally:
+        os.close(fd)
+
+
+def close(name, mapping):
+    fd = shm_open(name, os.O_RDWR, 0o600)
+    try:
+        count = read_count(fd) - 1
+        write_count(fd, count)
+        if count == 0:
+            shm_unlink(name)
+    finally:
+        os.close(fd)
+    mapping.close()
+"""),
     "lab3 decref unlinks after LOCK_UN": ("lab3_file_system_refcount", "ex2_safe_updates", """
 def incref(name):
     fd = shm_open(name, os.O_RDWR, 0o600)

@@ -11,6 +11,7 @@ import struct
 
 from .. import _shm
 from .._shm import SHM_DIR
+from .._shm.headerlock import MAGIC
 from .report import Cases, fd_count, run_in_child
 
 _COUNT = struct.Struct("<i")  # the header's int32 at offset 0, as the lab's set-up reads it
@@ -26,6 +27,14 @@ def _remove(name: str) -> None:
         os.unlink(f"{SHM_DIR}{name}")
     except FileNotFoundError:
         pass
+
+
+def _header_left_alone(c: Cases, name: str) -> bool:
+    """Bytes [4:64) are shmlab's own mark and lock: a learner's 8-byte write breaks them."""
+    with open(f"{SHM_DIR}{name}", "rb") as f:
+        intact = f.read(8)[4:8] == MAGIC
+    return c.check(intact, "your code left header bytes [4:64) alone (shmlab's mark and lock)",
+                   "read and write only the int32 at [0:4): struct.Struct('<i'), 4 bytes")
 
 
 @contextlib.contextmanager
@@ -59,6 +68,8 @@ def check_attach_close(attach, close):
         c.check(os.path.exists(f"{SHM_DIR}{name}"), "the file stays while the creator holds it",
                 "unlink only when the count reaches 0")
         m2 = attach(name, 16)
+        if not _header_left_alone(c, name):
+            return
         _shm.decref(name)  # the creator lets go: count 2 -> 1
         close(name, m2)
         unlinked = not os.path.exists(f"{SHM_DIR}{name}")
@@ -143,6 +154,8 @@ def check_in_flight(send_handle, receive_handle, close):
         c.check(_count(name) == 2, f"sending: 1 -> 2 (got {_count(name)})",
                 "incref before the message leaves: the sender may drop its own reference "
                 "before the receiver attaches")
+        if not _header_left_alone(c, name):
+            return
         _shm.decref(name)  # the sender drops its tensor at once: the message keeps it alive
         c.check(os.path.exists(f"{SHM_DIR}{name}"), "the segment survives its sender",
                 "that is what the in-flight count is for")
