@@ -139,8 +139,10 @@ def _set_count(seg: RefcountedMapping, value: int) -> None:
 
 
 def _check_alive(seg: RefcountedMapping) -> None:
-    """Under the lock: refuse to count into a segment whose count already reached 0."""
-    if seg.count <= 0:  # its last user is closing it right now (or died doing so)
+    """Under the lock: refuse to count into a segment whose count already reached 0.
+
+    (Below 0 is a damaged header: _set_count refuses it, saying so.)"""
+    if seg.count == 0:  # its last user is closing it right now (or died doing so)
         raise FileNotFoundError(errno.ENOENT, f"shared memory segment {seg.name} is being freed")
 
 
