@@ -132,6 +132,20 @@ def test_the_shipped_instructor_copies_match_their_recorded_hashes():
 
 
 # --- wrong solutions: the targeted exercise loses its marks -------------------------------------
+# lab3 ex1's close(), done right: the wrong attach()s below are graded with it.
+LAB3_CLOSE = """
+def close(name, mapping):
+    fd = shm_open(name, os.O_RDWR, 0o600)
+    try:
+        count = read_count(fd) - 1
+        write_count(fd, count)
+        if count == 0:
+            shm_unlink(name)
+    finally:
+        os.close(fd)
+    mapping.close()
+"""
+
 WRONG = {
     "lab1 constant pickle_size": ("lab1_reducers", "ex3_pickle_size", """
 _SIZE = len(ForkingPickler.dumps(shmlab.zeros(10)))
@@ -156,17 +170,7 @@ def attach(name, size):
     return mmap.mmap(fd, HEADER_SIZE + size)  # wrong: fd never closed
 
 
-def close(name, mapping):
-    fd = shm_open(name, os.O_RDWR, 0o600)
-    try:
-        count = read_count(fd) - 1
-        write_count(fd, count)
-        if count == 0:
-            shm_unlink(name)
-    finally:
-        os.close(fd)
-    mapping.close()
-"""),
+""" + LAB3_CLOSE),
     "lab3 attach writes the count as 8 bytes": ("lab3_file_system_refcount", "ex1_attach_close",
                                                 """
 def attach(name, size):
@@ -179,17 +183,7 @@ def attach(name, size):
         os.close(fd)
 
 
-def close(name, mapping):
-    fd = shm_open(name, os.O_RDWR, 0o600)
-    try:
-        count = read_count(fd) - 1
-        write_count(fd, count)
-        if count == 0:
-            shm_unlink(name)
-    finally:
-        os.close(fd)
-    mapping.close()
-"""),
+""" + LAB3_CLOSE),
     "lab3 decref unlinks after LOCK_UN": ("lab3_file_system_refcount", "ex2_safe_updates", """
 def incref(name):
     fd = shm_open(name, os.O_RDWR, 0o600)
