@@ -6,8 +6,9 @@ One connection per manager per process. `get_client()` with no handle returns th
 default manager, starting `python -m shmlab.manager` on first use; `get_client(handle)`
 connects to the manager a sender named in its pickle. A fork child inherits the parent's
 default manager but opens its own connection, so the manager sees every process separately.
-The connection itself (ManagerClient, watch, peek_status, ManagerError) is `connection.py`;
-its names are re-exported here, so `shmlab.manager.client` is the one name callers import.
+The connection itself (ManagerClient, ManagerError) is `connection.py`, watch and peek_status
+`observer.py`; their names are re-exported here, so `shmlab.manager.client` is the one name
+callers import.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ import time
 
 import shmlab
 
-from .connection import ManagerClient, ManagerError, NotAManagerError, peek_status, watch
+from .connection import ManagerClient, ManagerError, NotAManagerError
+from .observer import peek_status, watch
 from .protocol import DAEMON_MODULE
 
 __all__ = ["ManagerClient", "ManagerError", "NotAManagerError", "get_client", "peek_status",

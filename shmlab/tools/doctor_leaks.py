@@ -13,7 +13,8 @@ import pwd
 import time
 
 from .. import introspect
-from ..manager.connection import ManagerError, peek_status
+from ..manager.connection import ManagerError
+from ..manager.observer import peek_status
 from .doctor_checks import Finding, mib
 
 # A segment younger than this may be a message in flight: its creator sent the name and exited,
