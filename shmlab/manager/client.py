@@ -267,9 +267,11 @@ class ManagerClient:
         line, _, self._buf = self._buf.partition(b"\n")
         return line.decode("ascii", "replace")
 
+
 # -- observers: watch() and peek_status() (extensions; torch has no events and no STATUS) ------
 # Both open connections of their own that never keep the manager alive (an observer is not a
 # client; see Note [Who keeps the manager alive] in daemon.py).
+
 
 def watch(handle: bytes, timeout: float | None = None) -> Iterator[dict]:
     """Subscribe now, then yield the manager's events (dicts) until it exits (end of file).
@@ -278,7 +280,7 @@ def watch(handle: bytes, timeout: float | None = None) -> Iterator[dict]:
     its answer, so when this returns no later event can be missed. `timeout` bounds each wait
     for an event (TimeoutError), so a widget or a test cannot hang on a quiet manager. The
     stream ends after the "exiting" event; one that ends without it means the manager died,
-    or dropped us for falling 256 KiB behind (conns.py): watch() again to resubscribe.
+    or dropped us for falling 256 KiB behind (daemon_conn.py): watch() again to resubscribe.
     """
     sock = _connect(handle)
     reader = sock.makefile("rb")  # the fd really closes once both reader and sock are closed
