@@ -1,9 +1,10 @@
 """The command table of a child that holds tensors: make, send, receive, look at and drop them.
 
-It is the far end of every experiment in notebooks 04 and 05 and of every family the stress
-tool kills (``shmlab.tools.family``). Start one with ``Actor(holder.commands, lib, dataq[,
-strategy], ctx=ctx)``. ``dataq`` is a Queue of the same context: tensors travel on it between
-two holders, never in the commands (so what crosses is exactly what a Queue carries).
+It is the far end of every experiment in notebooks 04 and 05, and the base of every family the
+stress tool kills (``shmlab.testing.family`` adds the family's commands). Start one with
+``Actor(holder.commands, lib, dataq[, strategy], ctx=ctx)``. ``dataq`` is a Queue of the same
+context: tensors travel on it between two holders, never in the commands (so what crosses is
+exactly what a Queue carries).
 
 Note [Why one long-lived holder instead of one worker per step]
 A notebook step wants to stop *between* two actions of a child (after it made a tensor,
@@ -30,8 +31,6 @@ from multiprocessing import reduction
 
 from ..introspect import managers
 from .libs import fd_count, load
-
-FAMILY = "family"  # the key the stress family's commands keep their tensors under
 
 
 def child_managers(pid: int | None = None) -> list[int]:
@@ -181,83 +180,10 @@ class Holder:
         return {"total": fd_count(), "shm": len(links), "links": links,
                 "recvfds_calls": FdArrivals.calls}
 
-    # -- the stress family's commands: on the tensors under FAMILY, in arrival order ------
-    def share(self, n, size, mine=None):
-        mine = self.tensors(FAMILY) if mine is None else mine
-        for _ in range(n):
-            mine.append(self.full(size, len(mine) + 1).share_memory_())
-        return {"segments": [segment(t, self.strategy) for t in mine],
-                "managers": child_managers()}
-
-    def put(self, flush=True, last=None):
-        mine = self.tensors(FAMILY)
-        for t in mine[-last:] if last else mine:  # last=k: only the k newest (the stress rounds)
-            self.dataq.put(t)
-        if flush:  # only for a few messages: a full pipe (64 KiB) waits for the consumer
-            self.dataq.close()
-            self.dataq.join_thread()  # every message is in the pipe now: "in flight"
-        return {}
-
-    def get(self, n, timeout):
-        mine = self.tensors(FAMILY)
-        for _ in range(n):
-            mine.append(self.dataq.get(timeout=timeout))
-        return self.read()
-
-    def read(self):
-        mine = self.tensors(FAMILY)
-        return {"values": [float(t.numpy().reshape(-1)[0]) if t.numel() else None
-                           for t in mine],
-                "segments": [segment(t, self.strategy) for t in mine],
-                "own_managers": child_managers()}
-
-    def release(self):
+    def release(self):  # "exit": let go of everything held before the child ends
         self.held.clear()
         gc.collect()
         return {}
-
-    def fork_share(self):
-        """Fork a grandchild that shares one tensor and reports which manager it used."""
-        import json
-
-        rfd, wfd = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # the grandchild: no multiprocessing machinery, report and leave
-            code = 1
-            try:
-                os.close(rfd)  # (we never drop the parent's tensors here: that would free them)
-                os.write(wfd, json.dumps(self.share(1, 4, mine=[])).encode())
-                code = 0
-            finally:
-                os._exit(code)
-        os.close(wfd)
-        with os.fdopen(rfd, "rb") as r:
-            raw = r.read()
-        os.waitpid(pid, 0)
-        return json.loads(raw)
-
-    def limit_fds(self, nofile):
-        resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, self.nofile[1]))
-        return self.fds()
-
-    def reset_manager(self):
-        """shmlab only: forget a dead manager, as its ManagerError says to."""
-        from ..manager import client  # shmlab.demo imports the client only here and below
-
-        client.reset()
-        return {}
-
-    def drop_manager(self):
-        """shmlab only: hang up on every manager without BYE, as a connection cut by a fault
-        would; this process lives on and the next request reconnects (``get_client``)."""
-        from ..manager import client
-
-        dropped = 0
-        for c in list(client._clients.values()):
-            with c._lock:  # no request of ours is half-way through it
-                dropped += not c.closed
-                c._close_locked()  # close() would say BYE first: "I left", which we did not
-        return {"dropped": dropped}
 
 
 def commands(lib: str, dataq, strategy: str | None = None) -> dict:
@@ -286,35 +212,18 @@ def commands(lib: str, dataq, strategy: str | None = None) -> dict:
     fds            -                         {"total", "shm", "links", "recvfds_calls"}
     =============  ========================  ===============================================
 
-    The stress family's commands act on the tensors under ``FAMILY``, in arrival order:
-
-    =============  ========================  ===============================================
-    name           arguments                 reply
-    =============  ========================  ===============================================
-    share          N, SIZE                   {"segments", "managers"}: N more tensors of SIZE
-                                             float32, the k-th held full of k, shared
-    put            FLUSH=True, LAST=None     {}; all of them (or the LAST newest) onto dataq
-                                             (FLUSH: and close it, so only once)
-    get            N, TIMEOUT                like ``read``, after taking N off dataq
-    read           -                         {"values" ([0] each), "segments", "own_managers"}
-    release        -                         {}; lets go of everything held (any key), gc
-    fork_share     -                         ``share(1, 4)``'s reply, from a fork grandchild
-    limit_fds      NOFILE                    like ``fds``, after setting the soft limit
-    reset_manager  -                         {}; shmlab only: forget a dead manager
-    drop_manager   -                         {"dropped"}; shmlab only: hang up on the
-                                             managers without BYE (a cut connection)
     exit           -                         None; then everything held is let go
-    =============  ========================  ===============================================
 
-    ``segments`` entries are (manager handle, bare name), or None under file_descriptor.
+    ``shmlab.testing.family.commands`` adds the stress family's commands to this table.
     """
     FdArrivals.install()
-    h = Holder(lib, dataq, strategy)
+    return table(Holder(lib, dataq, strategy))
+
+
+def table(h: Holder) -> dict:
+    """The keyed commands of a holder ``h`` (a subclass adds its own to this dict)."""
     return {
         "strategy": h.set_strategy, "nofile": h.set_nofile, "make": h.make, "send": h.send,
         "recv": h.recv, "drop": h.drop, "handle": h.handle, "attach": h.attach,
-        "ptrs": h.ptrs, "shared": h.shared, "write": h.write, "fds": h.fds,
-        "share": h.share, "put": h.put, "get": h.get, "read": h.read, "release": h.release,
-        "fork_share": h.fork_share, "limit_fds": h.limit_fds, "reset_manager": h.reset_manager,
-        "drop_manager": h.drop_manager, "exit": h.release,
+        "ptrs": h.ptrs, "shared": h.shared, "write": h.write, "fds": h.fds, "exit": h.release,
     }

@@ -28,9 +28,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from shmlab import introspect
-from shmlab.demo.libs import LIBS, load
-from shmlab.demo.show import markdown_table, show_table, show_widget
-from shmlab.demo.watch import alive
+from shmlab.harness.libs import LIBS, load
+from shmlab.harness.show import markdown_table, show_table, show_widget
+from shmlab.harness.watch import alive
 
 __all__ = ["LIBS", "Session", "load", "markdown_table", "our_files", "run_children",
            "show_table", "show_widget", "side_by_side", "training_kernel", "versions"]
@@ -135,14 +135,14 @@ class Session:
         return obj
 
     def actor(self, commands, *args, name=None):
-        """A tracked ``shmlab.demo.actor.Actor(commands, *args)`` in this session's context."""
-        from shmlab.demo.actor import Actor
+        """A tracked ``shmlab.harness.actor.Actor(commands, *args)`` in this session's context."""
+        from shmlab.harness.actor import Actor
 
         return self.track(Actor(commands, *args, ctx=self.ctx, name=name))
 
     def holder(self, lib: str, dataq, strategy: str | None = None, name=None):
-        """A tensor-holding actor (``shmlab.demo.holder``) for `lib` on the queue `dataq`."""
-        from shmlab.demo import holder
+        """A tensor-holding actor (``shmlab.harness.holder``) for `lib` on the queue `dataq`."""
+        from shmlab.harness import holder
 
         return self.actor(holder.commands, lib, dataq, strategy, name=name)
 

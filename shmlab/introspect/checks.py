@@ -1,7 +1,8 @@
 """The doctor's machine checks: versions, start method, sharing strategy, fd limit, /dev/shm.
 
 Each check reads the machine and returns Findings; none changes anything. The leak checks
-(segments, managers, fds) are in ``doctor_leaks``; the report and the CLI in ``doctor``.
+(segments, managers, fds) are in ``leaks``, the report in ``doctor``; the command line is
+``shmlab.tools.doctor``.
 """
 
 from __future__ import annotations

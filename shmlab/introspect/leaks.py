@@ -15,7 +15,7 @@ import time
 from .. import introspect
 from ..manager.connection import ManagerError
 from ..manager.observer import peek_status
-from .doctor_checks import Finding, mib
+from .checks import Finding, mib
 
 # A segment younger than this may be a message in flight: its creator sent the name and exited,
 # and the receiver has not attached yet (or a manager is about to reclaim it). Leave it be.

@@ -1,14 +1,18 @@
-"""What the notebooks, tests, labs and the stress tool drive: child processes and their workers.
+"""The lesson scenes: the workers and scenarios each notebook runs, one module per concept.
 
-- ``actor``: THE child-process protocol: ``Actor`` (parent) and ``serve`` (child) over a Pipe.
-- ``holder``: the command table of a child that holds tensors (notebooks 04/05, stress).
-- ``libs``: load torch or shmlab by name; fd counts. Every worker runs on both.
+A ``spawn`` child imports the function it runs by module and name, so what a child of a lesson
+runs lives here, not in a notebook cell. The harness that starts and drives those children is
+``shmlab.harness``; the stress tool's families are ``shmlab.testing``.
+
 - ``channels``, ``lifecycle``, ``cuda``: spawn-importable worker functions, by concept.
+- ``fdpath``, ``wire``, ``mainscript`` (with its script ``strategy_at_import``): how an fd
+  travels, what crosses the wire, where the strategy is set (notebooks 02 - 04).
 - ``crashes``, ``dropped``, ``trackers``, ``inflight``: notebook 12's scenarios (a crash under
   each strategy; a live process's dropped manager connection; resource_tracker vs the
   managers; a file_descriptor sender's fds in flight).
-- ``notebook``: ``Session``, which starts, tracks and tears down what a notebook makes;
-  ``show`` (tables, widgets), ``liveplot`` (training plots), ``watch`` (process probes).
+- ``memprobe``, ``share_parts``, ``empty``, ``sharedcache``: inside ``share_memory_()``
+  (notebook 13).
+- ``errors``: the famous errors of notebook 11, each reproduced in a child process.
 
 Nothing here is part of the torch mirror; it only drives it.
 """

@@ -14,7 +14,7 @@ import os
 import resource
 from multiprocessing.reduction import ForkingPickler
 
-from .libs import fd_count, load
+from ..harness.libs import fd_count, load
 
 
 def write_then_watch(arg_t, inq, conn, done, go, results, value: float = 1.0):

@@ -24,7 +24,7 @@ alive: it opens the file only long enough to read four bytes.
 Mirrors: nothing (teaching aid). It drives torch/multiprocessing/reductions.py (what each
 strategy pickles), CPython's multiprocessing/resource_sharer.py (the fd of a message in
 flight) and torch/lib/libshm/manager.cpp (the reclaim after the last client), through the
-holders of ``shmlab.demo.holder``.
+holders of ``shmlab.testing.family``.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 
 from .._shm import read_refcount
 from ..introspect import managers, mapped_by, open_fds, process_table
+from ..testing import family
 
 CASES = ("consumer dies", "producer dies", "never received")
 RECLAIM_WAIT_S = 15.0  # longest we wait for a manager's reclaim on a loaded machine
@@ -58,9 +59,11 @@ class Pair:
 
 
 def start(session, lib: str, strategy: str) -> Pair:
-    """Two holders of ``lib`` under ``strategy`` sharing a new queue, both started."""
+    """Two holders of ``lib`` under ``strategy`` sharing a new queue, both started. They take the
+    family's commands too (``share``, then a flushed ``put``: the message is in the pipe)."""
     q = session.queue()
-    pair = Pair(lib, strategy, session.holder(lib, q, strategy), session.holder(lib, q, strategy))
+    P, C = (session.actor(family.commands, lib, q, strategy) for _ in "PC")
+    pair = Pair(lib, strategy, P, C)
     pair.P.ready(), pair.C.ready()
     return pair
 

@@ -1,7 +1,7 @@
 """CUDA in child processes: real-GPU workers, and the consumer table of the CPU model.
 
 Mirrors: torch/multiprocessing/reductions.py ``reduce_tensor``/``rebuild_cuda_tensor`` on a
-real GPU, and, without one, ``shmlab.cuda_ipc_model`` (a labelled model of CudaIPCTypes.cpp)
+real GPU, and, without one, ``shmlab.models.cuda_ipc`` (a labelled model of CudaIPCTypes.cpp)
 driven through ``model_commands``.
 """
 
@@ -66,7 +66,7 @@ def fork_child_cuda_state(results):
 
 
 def model_commands() -> dict:
-    """The command table of a ``shmlab.cuda_ipc_model`` consumer, for ``Actor`` (the
+    """The command table of a ``shmlab.models.cuda_ipc`` consumer, for ``Actor`` (the
     producer is the parent). Blocks arrive pickled in the command itself (``Block.__reduce__``
     shares them) or as an ``IpcHandle`` tuple.
 
@@ -85,7 +85,7 @@ def model_commands() -> dict:
 
     import numpy as np
 
-    from shmlab import cuda_ipc_model as model
+    from shmlab.models import cuda_ipc as model
 
     held = {}
 

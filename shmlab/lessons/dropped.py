@@ -1,7 +1,7 @@
 """A live process whose connection to its manager drops: is its segment reclaimed under it?
 
 Notebook 12, claim C12.29: the one rule in which shmlab's manager differs from torch's.
-``commands(lib)`` is an actor table (``shmlab.demo.actor``): ``make`` shares one
+``commands(lib)`` is an actor table (``shmlab.harness.actor``): ``make`` shares one
 ``file_system`` tensor and notes which socket the library opened to its manager; ``cut``
 closes that socket under the library's feet, as a raw-socket experiment (or a bug) would,
 while the process lives on and keeps the tensor. ``run(actor)`` then watches the segment's file for
@@ -23,8 +23,8 @@ import os
 import stat
 import time
 
-from .holder import segment
-from .libs import load
+from ..harness.holder import segment
+from ..harness.libs import load
 from .trackers import watch_gone
 
 

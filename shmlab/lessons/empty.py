@@ -11,7 +11,7 @@ Mirrors: the empty branch of ``reduce_storage`` in torch/multiprocessing/reducti
 and THPStorage_shareFilename, which maps ``nbytes + 64`` bytes: 64 for a 0-byte storage.
 
 ``send_empty(strategy, send, receive)``: a ``sender`` actor makes an empty float32 tensor,
-pickles it the way a Queue does and puts it on the Queue a ``shmlab.demo.holder`` actor reads;
+pickles it the way a Queue does and puts it on the Queue a ``shmlab.harness.holder`` actor reads;
 the report says what each end has and what appeared in /dev/shm.
 """
 
@@ -20,7 +20,7 @@ from __future__ import annotations
 from multiprocessing.reduction import ForkingPickler
 
 from .. import introspect
-from .libs import load
+from ..harness.libs import load
 
 REBUILDS = (b"rebuild_storage_empty", b"rebuild_storage_filename", b"rebuild_storage_fd")
 
@@ -42,7 +42,7 @@ def _segments(lib: str, pid: int) -> dict:
 
 
 def sender(lib: str, dataq) -> dict:
-    """The command table of the sending child (``shmlab.demo.actor``): the file_system half
+    """The command table of the sending child (``shmlab.harness.actor``): the file_system half
     makes its segment (and starts its manager) there, never in the notebook's kernel.
 
     ====  ======================  =========================================================
@@ -73,7 +73,7 @@ def sender(lib: str, dataq) -> dict:
 
 def send_empty(strategy: str, send, receive, share_first: bool = False) -> dict:
     """``send`` (a ``sender`` actor) puts ``empty(0)`` on the queue that ``receive`` (a
-    ``shmlab.demo.holder`` actor) reads; what each end has, and what is in /dev/shm."""
+    ``shmlab.harness.holder`` actor) reads; what each end has, and what is in /dev/shm."""
     lib = send("lib")
     fds0 = receive("fds")["shm"]
     report = send("send", strategy, share_first)

@@ -19,8 +19,8 @@ import multiprocessing
 import os
 from multiprocessing import popen_forkserver, popen_spawn_posix, reduction, resource_sharer, util
 
+from ..harness.libs import new_tensor
 from . import channels
-from .libs import new_tensor
 
 
 @contextlib.contextmanager

@@ -9,14 +9,14 @@ from __future__ import annotations
 import gc
 import os
 
-from .libs import load, new_tensor
+from ..harness.libs import load, new_tensor
 
 
 def parent_with_sleeping_child(lib: str, method: str | None = None, seconds: float = 60.0):
     """Be the *parent* in the abrupt-exit demo: start one daemonic child that sleeps for
     ``seconds``, print its pid, and wait. Run it as its own process and SIGKILL it:
 
-        python -c "from shmlab.demo.lifecycle import parent_with_sleeping_child as p; p('torch')"
+        python -c "from shmlab.lessons.lifecycle import parent_with_sleeping_child as p; p('torch')"
 
     A normal exit would terminate the daemonic child (multiprocessing's atexit handler);
     SIGKILL runs no handler, so the child lives on as an orphan. ``seconds`` bounds how

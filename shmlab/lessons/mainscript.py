@@ -1,4 +1,4 @@
-"""Run ``shmlab.examples.strategy_at_import`` as a main script, both ways at once (C12.3, C12.9).
+"""Run ``shmlab.lessons.strategy_at_import`` as a main script, both ways at once (C12.3, C12.9).
 
 Mirrors: nothing; it only starts two interpreters and reads what they print and log.
 """

@@ -28,7 +28,7 @@ import time
 
 import numpy as np
 
-from .libs import load
+from ..harness.libs import load
 from .memprobe import Clock, allocated, faults, memory, reset_peak
 
 

@@ -22,7 +22,7 @@ import os
 import threading
 import warnings
 
-from .libs import load
+from ..harness.libs import load
 
 
 def _reductions(lib: str):

@@ -3,7 +3,7 @@
 Notebooks 02 and 03 (claims C12.3, C12.9) run it as a *script* — the fork server preloads
 ``__main__`` by its path, so ``python -m`` would hide what this shows:
 
-    SHMLAB_SET_AT=top   python shmlab/examples/strategy_at_import.py   # or guard
+    SHMLAB_SET_AT=top   python shmlab/lessons/strategy_at_import.py   # or guard
     SHMLAB_IMPORT_LOG=/tmp/log ...   # every process that runs this top level appends a line
     SHMLAB_LIB=shmlab ...            # shmlab's strategy instead of torch's (a faster import)
 
@@ -19,7 +19,7 @@ import json
 import multiprocessing
 import os
 
-from shmlab.demo.libs import load
+from shmlab.harness.libs import load
 
 LIB = os.environ.get("SHMLAB_LIB", "torch")
 _, lib_mp = load(LIB)
@@ -33,7 +33,7 @@ if os.environ.get("SHMLAB_SET_AT") == "top":
 def main() -> dict:
     from multiprocessing import forkserver
 
-    from shmlab.demo import channels
+    from shmlab.lessons import channels
 
     if os.environ.get("SHMLAB_SET_AT") == "guard":
         lib_mp.set_sharing_strategy("file_system")  # here: only this process

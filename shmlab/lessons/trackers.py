@@ -47,8 +47,8 @@ def _tracker_pid() -> int | None:
 
 def _managed(lib: str) -> tuple[str, object]:
     """A file_system tensor of ``lib`` (its name in /dev/shm) and the tensor, kept alive."""
-    from .holder import segment
-    from .libs import load
+    from ..harness.holder import segment
+    from ..harness.libs import load
 
     tlib, mp = load(lib)
     mp.set_sharing_strategy("file_system")
@@ -69,8 +69,8 @@ def creator(family: bool = False) -> None:
     "tracker before psm", "tracker", "managers", "child"}, then sleep until SIGKILLed (60 s at
     most, so a forgotten one ends by itself). Waiting first keeps the segments' lives short:
     they exist only while the experiment looks at them."""
-    from .holder import child_managers
-    from .libs import load
+    from ..harness.holder import child_managers
+    from ..harness.libs import load
 
     load("torch"), load("shmlab")
     if not sys.stdin.readline():
@@ -101,7 +101,7 @@ def creator(family: bool = False) -> None:
 def launch(family: bool = False) -> subprocess.Popen:
     """Start ``creator(family)`` in a new Python process, in a session of its own. It imports
     torch (seconds): start it early; ``report`` then has it make its segments."""
-    code = f"from shmlab.demo.trackers import creator; creator(family={family})"
+    code = f"from shmlab.lessons.trackers import creator; creator(family={family})"
     return subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)

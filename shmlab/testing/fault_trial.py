@@ -3,9 +3,9 @@ manager is stalled, flooded or cut off; the one rule checked is that no live seg
 
 Mirrors: nothing in torch; it checks the promise of issue 15 (see Note [A dropped connection
 is not a dead process] in shmlab/manager/liveness.py) with the faults of
-``shmlab.manager.faults`` and two of the family's own.
+``shmlab.testing.faults`` and two of the family's own.
 
-    run_fault_trial(kind, rng) -> record      one trial; ``python -m shmlab.stress --faults``
+    run_fault_trial(kind, rng) -> record      one trial; ``python -m shmlab stress --faults``
     FAULT_KINDS                               faults.KINDS + "drop" + "member_stall"
     summarize_faults(records) -> {kind: {..}} the per-kind table of the stress report
 
@@ -26,8 +26,8 @@ import random
 import threading
 import time
 
-from ..manager import faults
 from ..manager.client import peek_status
+from . import faults
 from .family import Family, wait_reclaimed
 
 P, C = "producer", "consumer"

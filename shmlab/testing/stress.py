@@ -2,10 +2,10 @@
 
 Mirrors: nothing in torch; it checks what torch_shm_manager promises (and shmlab.manager with it).
 
-    python -m shmlab.stress --trials 1000 [--seed 0] [--strategy file_system] [--lib shmlab]
+    python -m shmlab stress --trials 1000 [--seed 0] [--strategy file_system] [--lib shmlab]
                             [--parallel 4] [--json] [--faults KIND[,KIND...]|all]
 
-Each trial starts a *family* (``shmlab.tools.family``): a producer and a consumer, both
+Each trial starts a *family* (``shmlab.testing.family``): a producer and a consumer, both
 holder children obeying this driver through ``Actor``, with a Queue between them for the
 tensors. The producer shares a few tensors, the consumer receives them, and the driver
 SIGKILLs one or both at a point picked at random (`KINDS`). Then it waits for the family to
@@ -19,7 +19,7 @@ With ``--faults`` each trial instead injects one fault, picked at random from th
 (``all``: every one of ``fault_trial.FAULT_KINDS``: the manager SIGSTOPped 0.5-3 s, 100-400
 silent observers, an oversized STATUS, floods of bad lines, a STATUS storm, a member's
 connections dropped without BYE, a member SIGSTOPped), into a live shmlab family that keeps
-allocating, sending and checking data (``shmlab.tools.fault_trial``). The report adds a table
+allocating, sending and checking data (``shmlab.testing.fault_trial``). The report adds a table
 per fault kind: live segments unlinked, leaked files, manager crashes (exit status not 0, or
 an exception in its "exiting" event), stuck trials, bad data; any of them makes the exit
 status 1. The seed is printed first (on stderr): the same seed replays the same faults.
@@ -40,9 +40,8 @@ import time
 
 import psutil
 
-from ..demo.holder import FAMILY, child_managers
 from ..introspect import SHM_DIR
-from .family import RECLAIM_LIMIT_S, Family, wait_reclaimed
+from .family import FAMILY, RECLAIM_LIMIT_S, Family, child_managers, wait_reclaimed
 from .fault_trial import FAULT_KINDS, failures, run_fault_trial, summarize_faults
 
 KINDS = ("before_share", "after_share", "in_flight", "consumer_holds", "both", "anytime")
@@ -235,7 +234,7 @@ def _parts(args: argparse.Namespace) -> list[dict]:
     shares = [args.trials // args.parallel + (i < args.trials % args.parallel)
               for i in range(args.parallel)]
     procs = [subprocess.Popen(
-        [sys.executable, "-m", "shmlab.tools.stress", "--trials", str(k), "--seed",
+        [sys.executable, "-m", "shmlab.testing.stress", "--trials", str(k), "--seed",
          str(args.seed * 1000 + i), "--lib", args.lib, "--strategy", args.strategy,
          "--deadline", str(args.deadline), "--parallel", "1", "--records",
          *(["--faults", ",".join(args.faults)] if args.faults else [])],
@@ -251,7 +250,7 @@ def _parts(args: argparse.Namespace) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m shmlab.stress", description=__doc__.split(
+    parser = argparse.ArgumentParser(prog="python -m shmlab stress", description=__doc__.split(
         "\n")[0])
     parser.add_argument("--trials", type=int, default=100)
     parser.add_argument("--seed", type=int, default=0)

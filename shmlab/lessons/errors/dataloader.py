@@ -118,10 +118,10 @@ def load_on_small_shm(kind: str, tmpfs: str, nbytes: int = 4 << 20) -> str:
 def shm_verdict(tmpfs: str) -> dict:
     """What ``python -m shmlab doctor`` says of a /dev/shm of ``tmpfs`` (its dev_shm line),
     read inside a private tmpfs of that size; 'how': how the tmpfs was mounted."""
-    from ...tools import doctor_checks
+    from ...introspect import checks
 
     how = private_shm(tmpfs)
-    (finding,) = doctor_checks.dev_shm()
+    (finding,) = checks.dev_shm()
     return {"how": how, "severity": finding.severity, "message": finding.message,
             "fix": finding.fix, "total": finding.details["total"]}
 

@@ -15,7 +15,7 @@ nothing behind.
     pid_reuse          (runs in ``in_child``) a leak whose creator's pid now belongs to a newer
                        process: a live pid is not a live creator; the start time tells
 
-Mirrors: nothing (teaching aid); the judging is ``shmlab.tools.doctor_leaks``'s.
+Mirrors: nothing (teaching aid); the judging is ``shmlab.introspect.leaks``'s.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import torch
 import torch.multiprocessing as torch_mp
 
 from ... import introspect
-from ...tools import doctor_leaks
+from ...introspect import leaks
 from . import namespaces, sharing
 
 
@@ -182,7 +182,7 @@ def _judge(name: str, creator: int) -> dict:
     the pid ``creator``."""
     (seg,) = [s for s in introspect.shm_segments() if s.name == name]
     os.kill(creator, 0)  # no error: a process with that pid runs (it is us)
-    lines = [f for f in doctor_leaks.segments(min_age_s=0) if f.details.get("name") == name]
+    lines = [f for f in leaks.segments(min_age_s=0) if f.details.get("name") == name]
     return {"name": name, "creator_pid": creator, "asker_pid": os.getpid(),
             "pid_exists": True, "creator_alive": seg.creator_alive,
             "cleanable": bool(lines) and lines[0].details["cleanable"],
