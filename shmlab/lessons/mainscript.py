@@ -12,7 +12,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "strategy_at_import.py"
+SCRIPT = Path(__file__).resolve().with_name("strategy_at_import.py")
 
 
 def run(*runs: tuple[str, str], timeout: float = 240.0) -> dict:
