@@ -23,7 +23,7 @@ pytestmark = [
     ),
 ]
 
-from shmlab.demo import cuda as demo_cuda  # noqa: E402
+from shmlab.lessons import cuda as demo_cuda  # noqa: E402
 
 
 def _stop(*procs):

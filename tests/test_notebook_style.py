@@ -3,7 +3,7 @@
 The rules of issue 11 (3), for every notebook in notebooks/:
 * the first code cell is at most FIRST_CELL_MAX lines;
 * no function or class defined in a cell is longer than DEF_MAX lines, counted from its `def` /
-  `class` line to its last line (helpers of that size belong in the package, in shmlab.demo);
+  `class` line to its last line (helpers of that size belong in the package, in shmlab.lessons);
 * no block of COPY_MIN or more identical code lines (stripped, blank lines ignored) appears in
   two notebooks;
 * ruff checks the notebooks (pyproject.toml does not exclude them).
