@@ -1,4 +1,4 @@
-"""shmlab.demo.actor: one command loop in a real child process, one proxy in this one."""
+"""shmlab.harness.actor: one command loop in a real child process, one proxy in this one."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 import shmlab
-from shmlab.demo.actor import Actor, ActorDied, ActorError
+from shmlab.harness.actor import Actor, ActorDied, ActorError
 
 pytestmark = pytest.mark.timeout(120)
 METHODS = ("fork", "spawn")

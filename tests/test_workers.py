@@ -1,4 +1,4 @@
-"""shmlab.demo.workers: a child runs the code a notebook wrote, and runs it again once edited.
+"""shmlab.harness.workers: a child runs the code a notebook wrote, and runs it again once edited.
 
 The notebook's way (Note [Edit the cell, re-run the step]): write a module into the session's
 code_dir, start a worker child, ``run`` one of its functions; rewrite the module (a re-run
@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from shmlab.demo.notebook import Session
+from shmlab.harness.session import Session
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -84,7 +84,7 @@ def test_a_function_a_child_cannot_import_is_refused_with_the_fix():
 
 
 def test_fresh_reloads_only_when_the_bytes_changed(tmp_path, monkeypatch):
-    from shmlab.demo import workers
+    from shmlab.harness import workers
 
     monkeypatch.syspath_prepend(str(tmp_path))
     path = tmp_path / "nbtest_fresh.py"
