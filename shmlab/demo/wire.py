@@ -1,9 +1,11 @@
 """What crosses the wire when a tensor goes through a Queue, read from ``strace`` (C12.12).
 
-``trace(strategy)`` runs ``shmlab.examples.wire`` under ``strace -f`` and returns, from the
-parent's ``MARK`` on, every ``write`` and ``sendmsg``: who made it, how many bytes, and what
-they are. ``None`` (with the reason in ``SKIP``) where strace is missing or not allowed.
-``trace_each(strategies)`` does the same for several strategies, the runs side by side.
+``trace(script, strategy)`` runs ``python SCRIPT STRATEGY`` under ``strace -f`` (the script,
+which notebook 04 writes, sends one tensor through a Queue and prints ``MARK <pid>`` just
+before) and returns, from that ``MARK`` on, every ``write`` and ``sendmsg``: who made it, how
+many bytes, and what they are. ``None`` (with the reason in ``SKIP``) where strace is missing
+or not allowed. ``trace_each(script, strategies)`` does the same for several strategies, the
+runs side by side.
 
 Mirrors: nothing in torch; it reads CPython's connection.py / resource_sharer.py at work.
 """
@@ -58,10 +60,9 @@ def _seccomp_bpf() -> list[str]:
     return ["--seccomp-bpf"] if (int(major), int(minor)) >= (5, 3) else []
 
 
-def _start(strategy: str, log: str) -> subprocess.Popen:
+def _start(script: str, strategy: str, log: str) -> subprocess.Popen:
     return subprocess.Popen(["strace", "-f", "-qq", *_seccomp_bpf(), "-s", "400", "-x", "-o", log,
-                             "-e", "trace=sendmsg,write", sys.executable, "-m",
-                             "shmlab.examples.wire", strategy],
+                             "-e", "trace=sendmsg,write", sys.executable, script, strategy],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -106,19 +107,20 @@ def _joined(lines: list[str]) -> list[str]:
     return out
 
 
-def trace_each(strategies, timeout: float = 120.0) -> dict[str, list[dict] | None]:
-    """``{strategy: trace(strategy)}``, the traced runs started together (they share nothing:
-    each is its own parent and fork child, on its own pipe and, for file_descriptor, its own
-    resource_sharer socket), so two cost about the time of one on two cores."""
+def trace_each(script: str, strategies,
+               timeout: float = 120.0) -> dict[str, list[dict] | None]:
+    """``{strategy: trace(script, strategy)}``, the traced runs started together (they share
+    nothing: each is its own parent and fork child, on its own pipe and, for file_descriptor,
+    its own resource_sharer socket), so two cost about the time of one on two cores."""
     global SKIP
     if shutil.which("strace") is None:
         SKIP = "strace is not installed (apt-get install strace)"
         return dict.fromkeys(strategies)
     with tempfile.TemporaryDirectory(prefix="shmlab-wire-") as tmp:
         logs = {s: os.path.join(tmp, f"strace-{s}.log") for s in strategies}
-        procs = {s: _start(s, logs[s]) for s in strategies}
+        procs = {s: _start(script, s, logs[s]) for s in strategies}
         return {s: _events(procs[s], logs[s], timeout) for s in strategies}
 
 
-def trace(strategy: str, timeout: float = 120.0) -> list[dict] | None:
-    return trace_each([strategy], timeout)[strategy]
+def trace(script: str, strategy: str, timeout: float = 120.0) -> list[dict] | None:
+    return trace_each(script, [strategy], timeout)[strategy]
