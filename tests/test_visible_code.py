@@ -20,9 +20,9 @@ Issue 24 item 1. Two checks:
   ``%%writefile`` cells and other cell magics are not parsed (their code runs in a child or a
   script); line magics and shell lines are blanked first.
 * ``test_an_edit_of_notebook_04_shows_in_its_result`` edits one experiment of a copy of
-  notebook 04 (the tensor sent becomes the slice ``t[2:5]``) and runs the copy up to that step
-  under fork and under spawn: what the receiver got and what it wrote into our tensor change as
-  the edit says.
+  notebook 04 on both sides (the kernel sends the slice ``t[2:5]``; the worker code of its
+  ``%%writefile`` cell writes twice the value) and runs the copy up to that step under fork and
+  under spawn: what the receiver got and what it wrote into our tensor change as the edits say.
 """
 
 from __future__ import annotations
@@ -277,21 +277,27 @@ def test_the_check_passes_a_converted_notebook():
 
 # --- an edit of notebook 04 shows in its result, under fork and spawn --------------------------
 NB04 = nbutil.REPO / "notebooks" / "04_file_descriptor_strategy.ipynb"
-EDITED_CELL = "s4-child"  # step 4: the kernel puts one tensor on the queue, a worker takes it
-LINE, EDITED = "QUEUES[lib].put(t)", "QUEUES[lib].put(t[2:5])"
-PROBE = ("import json\nprint('EDITED-RESULT', json.dumps({lib: {'arrived': r['arrived'], "
+# Step 4: the kernel puts one tensor on the queue (cell s4-child), a worker takes it and writes
+# -1 at its [0] with code the notebook writes (cell s4-child-code). The edit, on both sides:
+# send a slice, and write twice the value.
+EDITS = {"s4-child": ("QUEUES[lib].put(t)", "QUEUES[lib].put(t[2:5])"),
+         "s4-child-code": ("        t[0] = value\n", "        t[0] = 2 * value\n")}
+LAST = "s4-child"
+PROBE = ("import json\nprint(json.dumps({lib: {'arrived': r['arrived'], "
          "'kernel sees': r['kernel sees']} for lib, r in step4.items()}))")
 
 
 def edited_copy(nb):
-    """Notebook 04 run up to step 4 with the tensor sent made a slice: every cell up to the
-    edited one (hidden tests left out), a cell printing step 4's result, then the clean-up."""
+    """Notebook 04 up to step 4, edited (EDITS): every cell up to step 4's (hidden tests left
+    out), a cell printing step 4's result, then the clean-up cell."""
     ids = [c.get("id") for c in nb.cells]
-    cells = [c for c in nb.cells[:ids.index(EDITED_CELL) + 1]
+    cells = [c for c in nb.cells[:ids.index(LAST) + 1]
              if "hidden-test" not in c.metadata.get("tags", [])]
-    edited = cells[-1]
-    assert edited.source.count(LINE) == 1, f"step 4 no longer has one {LINE!r}: update the test"
-    edited.source = edited.source.replace(LINE, EDITED)
+    for cell in cells:
+        if cell.get("id") in EDITS:
+            old, new = EDITS[cell.id]
+            assert cell.source.count(old) == 1, f"cell {cell.id} no longer has one {old!r}"
+            cell.source = cell.source.replace(old, new)
     nb.cells = [*cells, nbformat.v4.new_code_cell(PROBE), nb.cells[ids.index("cleanup")]]
     return nb
 
@@ -311,10 +317,12 @@ def test_an_edit_of_notebook_04_shows_in_its_result(method, monkeypatch):
         raise
     text = nbutil.outputs_text(nb)
     assert f"start method: {method}" in text, "the kernel did not see SHMLAB_START_METHOD"
-    (line,) = [ln for ln in text.splitlines() if ln.startswith("EDITED-RESULT ")]
-    result = json.loads(line.removeprefix("EDITED-RESULT "))
+    (probe,) = [c for c in nb.cells if c.source == PROBE]
+    result = json.loads(probe.outputs[0]["text"])
     for lib in ("torch", "shmlab"):
-        # The slice arrives as itself: 3 elements at offset 2 of the whole storage, which
-        # travelled (one fd); so the child's write at its [0] lands at our t[2], not t[0].
-        assert result[lib] == {"arrived": [[[3], 2]], "kernel sees": [0.0, 1.0, -1.0, 3.0]}, \
+        # Unedited, the hidden test of step 4 asserts [((1000000,), 0)] and [-1, 1, 2, 3]. The
+        # slice arrives as itself, 3 elements at offset 2 of the whole storage (which is what
+        # travels), so the child's write at its [0] lands at our t[2]; and it is the edited
+        # worker code that wrote it: -2, not -1.
+        assert result[lib] == {"arrived": [[[3], 2]], "kernel sees": [0.0, 1.0, -2.0, 3.0]}, \
             (lib, result[lib])
