@@ -5,7 +5,7 @@ Issue 24 item 1. Two checks:
 * ``visible_code_problems`` reads every notebook's code cells (AST) and names each place an
   experiment's torch work is driven from outside the notebook:
 
-  - **a string command** to a child: a call whose callee is an *actor* and whose first
+  - **a string command** to a child: a call of an *actor* (or of its ``send``) whose first
     argument is a string literal other than an observation command (``OBSERVATION``), e.g.
     ``SENDER[lib]("make", "batch", 80, 16)``. An actor is what ``session.holder(...)``,
     ``session.actor(...)``, ``session.worker(...)`` or ``Actor(...)`` returns, and every name
@@ -199,7 +199,10 @@ def visible_code_problems(nb) -> list[str]:
                     and func.value.id in imported and func.attr in imported[func.value.id][1]):
                 found.append((n.lineno, "calls the scene function "
                                        f"{imported[func.value.id][0]}.{func.attr}"))
-            if (_makes_actor(func, actors) and isinstance(first, ast.Constant)
+            sends = (_makes_actor(func, actors)  # actor("cmd", ...), or actor.send("cmd", ...)
+                     or (isinstance(func, ast.Attribute) and func.attr == "send"
+                         and _makes_actor(func.value, actors)))
+            if (sends and isinstance(first, ast.Constant)
                     and isinstance(first.value, str) and first.value not in OBSERVATION):
                 found.append((n.lineno, f"a string command {first.value!r} to a child "
                                        f"({ast.unparse(func)}): write its code in a "
@@ -243,7 +246,8 @@ def test_the_check_flags_string_commands_and_scene_functions():
         "SENDER['torch']('make', 'r', 1, 1000)\n"
         "SENDER['torch']('fds')",                                   # observation: allowed
         "def scenario(S):\n    S('send', 'r')\n\nscenario(SENDER['torch'])",
-        "S, R = SENDER['torch'], session.actor(lambda: {})\nR('recv', 'r', 1)",
+        "S, R = SENDER['torch'], session.actor(lambda: {})\nR('recv', 'r', 1)\n"
+        "S.send('drop', 'r')",
         "%time x = 1\nfrom shmlab.demo import crashes, fdpath\nfdpath.fd_path('fork')\n"
         "fdpath.segment_bytes(1, 2)",                               # observation: allowed
         "from shmlab.demo.channels import pool_write",
@@ -251,6 +255,7 @@ def test_the_check_flags_string_commands_and_scene_functions():
     )
     problems = visible_code_problems(planted)
     expected = [("cell 1", "'make'"), ("cell 2", "'send'"), ("cell 3", "'recv'"),
+                ("cell 3", "'drop'"),
                 ("cell 4", "scene module shmlab.demo.crashes"),
                 ("cell 4", "scene function shmlab.demo.fdpath.fd_path"),
                 ("cell 5", "pool_write from the scene module shmlab.demo.channels"),
