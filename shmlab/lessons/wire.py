@@ -1,20 +1,13 @@
 """What crosses the wire when a tensor goes through a Queue, read from ``strace`` (C12.12).
 
-Two halves, one module: the script that is traced, and the reader of its trace.
+``trace(script, strategy)`` runs ``python SCRIPT STRATEGY`` under ``strace -f`` (the script,
+which notebook 04 writes, sends one tensor through a Queue and prints ``MARK <pid>`` just
+before) and returns, from that ``MARK`` on, every ``write`` and ``sendmsg``: who made it, how
+many bytes, and what they are. ``None`` (with the reason in ``SKIP``) where strace is missing
+or not allowed. ``trace_each(script, strategies)`` does the same for several strategies, the
+runs side by side.
 
-* The script: ``python -m shmlab.lessons.wire file_descriptor`` (or ``file_system``). The
-  parent puts a 1,000-float tensor on a ``torch.multiprocessing`` Queue; a ``fork`` child takes
-  it and exits. Before sending, the parent prints ``MARK <pid>`` so the trace can be read from
-  that point on.
-* The reader: ``trace(strategy)`` runs that script under ``strace -f -e trace=sendmsg,write``
-  and returns, from the parent's ``MARK`` on, every ``write`` and ``sendmsg``: who made it, how
-  many bytes, and what they are. ``None`` (with the reason in ``SKIP``) where strace is missing
-  or not allowed. ``trace_each(strategies)`` does the same for several strategies, the runs
-  side by side.
-
-Mirrors: nothing in torch; it reads CPython's multiprocessing/connection.py (``_send_bytes``: a
-4-byte length, then the pickle), resource_sharer.py and reduction.py (``sendfds``: one byte of
-data and an ``SCM_RIGHTS`` control message) at work.
+Mirrors: nothing in torch; it reads CPython's connection.py / resource_sharer.py at work.
 """
 
 from __future__ import annotations
@@ -67,10 +60,9 @@ def _seccomp_bpf() -> list[str]:
     return ["--seccomp-bpf"] if (int(major), int(minor)) >= (5, 3) else []
 
 
-def _start(strategy: str, log: str) -> subprocess.Popen:
+def _start(script: str, strategy: str, log: str) -> subprocess.Popen:
     return subprocess.Popen(["strace", "-f", "-qq", *_seccomp_bpf(), "-s", "400", "-x", "-o", log,
-                             "-e", "trace=sendmsg,write", sys.executable, "-m",
-                             "shmlab.lessons.wire", strategy],
+                             "-e", "trace=sendmsg,write", sys.executable, script, strategy],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -115,44 +107,20 @@ def _joined(lines: list[str]) -> list[str]:
     return out
 
 
-def trace_each(strategies, timeout: float = 120.0) -> dict[str, list[dict] | None]:
-    """``{strategy: trace(strategy)}``, the traced runs started together (they share nothing:
-    each is its own parent and fork child, on its own pipe and, for file_descriptor, its own
-    resource_sharer socket), so two cost about the time of one on two cores."""
+def trace_each(script: str, strategies,
+               timeout: float = 120.0) -> dict[str, list[dict] | None]:
+    """``{strategy: trace(script, strategy)}``, the traced runs started together (they share
+    nothing: each is its own parent and fork child, on its own pipe and, for file_descriptor,
+    its own resource_sharer socket), so two cost about the time of one on two cores."""
     global SKIP
     if shutil.which("strace") is None:
         SKIP = "strace is not installed (apt-get install strace)"
         return dict.fromkeys(strategies)
     with tempfile.TemporaryDirectory(prefix="shmlab-wire-") as tmp:
         logs = {s: os.path.join(tmp, f"strace-{s}.log") for s in strategies}
-        procs = {s: _start(s, logs[s]) for s in strategies}
+        procs = {s: _start(script, s, logs[s]) for s in strategies}
         return {s: _events(procs[s], logs[s], timeout) for s in strategies}
 
 
-def trace(strategy: str, timeout: float = 120.0) -> list[dict] | None:
-    return trace_each([strategy], timeout)[strategy]
-
-
-# --- the traced script ---------------------------------------------------------------------------
-def take(q):
-    t = q.get(timeout=60)
-    os.write(1, f"child got {t.numel()} floats, first {float(t[0])}\n".encode())
-
-
-def main(strategy: str) -> None:
-    import torch  # here: the reader's users need not import torch
-    import torch.multiprocessing as mp
-
-    mp.set_sharing_strategy(strategy)
-    ctx = mp.get_context("fork")
-    q = ctx.Queue()
-    t = torch.full((1000,), 7.0).share_memory_()
-    p = ctx.Process(target=take, args=(q,))
-    p.start()
-    os.write(1, f"MARK {os.getpid()}\n".encode())
-    q.put(t)
-    p.join(60)
-
-
-if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "file_descriptor")
+def trace(script: str, strategy: str, timeout: float = 120.0) -> list[dict] | None:
+    return trace_each(script, [strategy], timeout)[strategy]
