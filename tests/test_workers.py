@@ -99,3 +99,28 @@ def test_fresh_reloads_only_when_the_bytes_changed(tmp_path, monkeypatch):
     finally:
         sys.modules.pop("nbtest_fresh", None)
         workers._loaded.pop("nbtest_fresh", None)
+
+
+@pytest.mark.notebook
+def test_in_a_kernel_an_edited_worker_module_is_fresh_without_re_importing(tmp_path):
+    """Re-running a %%writefile cell that adds a function: the kernel's module has it at the
+    next cell (Session's pre_run_cell hook), and a child runs it; close() removes the hook."""
+    from support import nbutil
+
+    cells = [
+        "from shmlab.harness.session import Session\nsession = Session('fork')\n"
+        "child = session.worker('shmlab')",
+        "%%writefile {session.code_dir}/nbtest_kernel.py\ndef one(child):\n    return 1",
+        "import nbtest_kernel\nprint('first', child.run(nbtest_kernel.one))",
+        "%%writefile {session.code_dir}/nbtest_kernel.py\ndef one(child):\n    return 1\n\n"
+        "def two(child):\n    return child.lib",
+        "print('added', child.run(nbtest_kernel.two))",
+        "left = session.close()\nprint('left', left)\n"
+        "hooks = get_ipython().events.callbacks['pre_run_cell']\n"
+        "print('hooks', session._refresh_workers in hooks)",
+    ]
+    nb = nbutil.new_notebook(*[nbutil.code_cell(c) for c in cells])
+    nbutil.execute(nb, cwd=tmp_path, timeout=120)
+    out = nbutil.outputs_text(nb)
+    assert "first 1" in out and "added shmlab" in out, out
+    assert "left {'files': [], 'managers': [], 'children': []}" in out and "hooks False" in out

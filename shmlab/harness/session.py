@@ -120,6 +120,9 @@ class Session:
         # children are sent it (Note [Edit the cell, re-run the step] in workers.py).
         self.code_dir = tempfile.mkdtemp(prefix="shmlab-nb-code-")
         sys.path.insert(0, self.code_dir)
+        self._ipython = _ipython()
+        if self._ipython is not None:  # an edited worker module is fresh in the kernel too
+            self._ipython.events.register("pre_run_cell", self._refresh_workers)
         self.closed = False
         atexit.register(self.close)
 
@@ -266,12 +269,33 @@ class Session:
         atexit.unregister(self.close)
         return self.leftovers()
 
+    def worker_modules(self) -> list[str]:
+        """The names of the imported modules this notebook wrote into ``code_dir``."""
+        return sorted(name for name, module in list(sys.modules.items())
+                      if (getattr(module, "__file__", None) or "").startswith(
+                          self.code_dir + os.sep))
+
+    def _refresh_workers(self, *_cell_info) -> None:
+        """Before each cell: reload the worker modules whose file a re-run ``%%writefile``
+        changed, so ``module.function`` in the kernel is the code the children will run."""
+        from shmlab.harness import workers
+
+        for name in self.worker_modules():
+            try:
+                workers.fresh(name)
+            except Exception:  # noqa: BLE001 - a broken edit: the step that runs it says why
+                pass
+
     def _remove_code_dir(self) -> None:
+        if self._ipython is not None:
+            try:
+                self._ipython.events.unregister("pre_run_cell", self._refresh_workers)
+            except ValueError:
+                pass  # unregistered already (close() called twice)
         if self.code_dir in sys.path:
             sys.path.remove(self.code_dir)
-        for name, module in list(sys.modules.items()):  # forget the worker modules
-            if (getattr(module, "__file__", None) or "").startswith(self.code_dir + os.sep):
-                del sys.modules[name]
+        for name in self.worker_modules():  # forget them: the files are going
+            del sys.modules[name]
         shutil.rmtree(self.code_dir, ignore_errors=True)
 
     def report(self, left: dict | None = None) -> None:
@@ -282,6 +306,12 @@ class Session:
         print("left in /dev/shm:", left["files"] or "nothing",
               "| managers left:", left["managers"] or "none",
               "| child processes left:", left["children"] or "none")
+
+
+def _ipython():
+    """The IPython shell this runs in (a notebook's kernel), or None."""
+    shell = sys.modules.get("IPython")
+    return shell.get_ipython() if shell is not None else None
 
 
 def _mp_helpers() -> set:
