@@ -1,7 +1,7 @@
 """One stress trial with a fault: a live family allocates, sends and checks data while its
 manager is stalled, flooded or cut off; the one rule checked is that no live segment goes.
 
-Mirrors: nothing in torch; it checks the promise of issue 15 (see Note [A dropped connection
+Mirrors: nothing in torch; it checks the manager's promise (see Note [A dropped connection
 is not a dead process] in shmlab/manager/liveness.py) with the faults of
 ``shmlab.testing.faults`` and two of the family's own.
 

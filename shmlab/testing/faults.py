@@ -1,7 +1,8 @@
 """Faults to throw at a running manager: stalls, observer floods, oversized STATUS, bad lines.
 
-Mirrors: nothing in torch; these are the attacks of issue 15, as reusable functions, so tests
-and the stress tool (`python -m shmlab stress --faults ...`) inject exactly the same faults.
+Mirrors: nothing in torch; these are the attacks a busy or hostile box makes on a manager, as
+reusable functions, so tests and the stress tool (`python -m shmlab stress --faults ...`)
+inject exactly the same faults.
 
 Every function takes the manager's handle (its socket path, bytes or str) or its pid, works
 on real sockets and real /dev/shm files, and returns what it did, so the caller can check the
