@@ -13,6 +13,7 @@ import sys
 
 import pytest
 
+from shmlab.harness.actor import ActorError
 from shmlab.harness.session import Session
 
 pytestmark = pytest.mark.timeout(180)
@@ -78,6 +79,12 @@ def test_a_function_a_child_cannot_import_is_refused_with_the_fix():
 
         with pytest.raises(ValueError, match="cannot import"):
             child.run(nested)
+
+        import shmlab.harness.show as not_written_here  # a module the notebook did not write
+
+        with pytest.raises(ActorError, match="session.code_dir"):
+            child.run(not_written_here.show_table)  # would reload it in the child
+        assert child("fds")["total"] > 0  # the child lives on
     finally:
         cell_function.__module__ = __name__
         session.close()

@@ -156,7 +156,7 @@ class Session:
         with `queue` (one of this session's) as ``child.queue``; ``strategy``: set it first."""
         from shmlab.harness import workers
 
-        return self.actor(workers.commands, lib, queue, strategy, name=name)
+        return self.actor(workers.commands, lib, queue, strategy, self.code_dir, name=name)
 
     def holder(self, lib: str, dataq, strategy: str | None = None, name=None):
         """A tensor-holding actor (``shmlab.harness.holder``) for `lib` on the queue `dataq`."""

@@ -26,8 +26,9 @@ copy. Re-running the ``%%writefile`` cell rewrites the file, and the next ``run`
 new code without restarting the child (a spawn child re-imports torch: seconds). So ``run`` sends
 the module's *name*, and the child compares the file's bytes with those it last loaded
 (``fresh``): changed, it reloads the module first. The kernel does the same when it calls
-``fresh`` itself, so an edited function can also run in the notebook. Only the worker modules
-are reloaded, never torch or shmlab.
+``fresh`` itself, so an edited function can also run in the notebook. A worker started by a
+``Session`` runs only modules written into its ``code_dir``, so torch and shmlab are never
+reloaded.
 
 Mirrors: nothing in torch. CPython's ``multiprocessing.spawn`` (``get_preparation_data`` sends
 the parent's ``sys.path`` and working directory, so a spawn child finds the same modules) and
@@ -39,6 +40,8 @@ from __future__ import annotations
 import gc
 import hashlib
 import importlib
+import importlib.util
+import os
 import sys
 
 # module name -> digest of the source it was last loaded from, in this process
@@ -64,9 +67,19 @@ def fresh(name: str):
     else:  # met before here, or inherited from a fork: stale unless we loaded these bytes
         stale = _loaded.get(name) != _digest(_path(module, name))
     if stale:
+        _drop_bytecode(_path(module, name))
         module = importlib.reload(module)
     _loaded[name] = _digest(_path(module, name))
     return module
+
+
+def _drop_bytecode(path: str) -> None:
+    # An edit of the same size within the same second as the last write looks unchanged to the
+    # .pyc check (source mtime in whole seconds, and size): remove the cache so reload compiles.
+    try:
+        os.remove(importlib.util.cache_from_source(path))
+    except (OSError, NotImplementedError, ValueError):
+        pass  # no cache written (PYTHONDONTWRITEBYTECODE), or none to find
 
 
 def _path(module, name: str) -> str:
@@ -100,6 +113,18 @@ def reference(fn) -> tuple[str, str]:
     return module, qualname
 
 
+def _check_written_here(name: str, code_dir: str) -> None:
+    """Refuse a module the notebook did not write: ``run`` reloads what it runs, and reloading
+    torch or shmlab in a child would reset their state (``shared_cache``, the strategy)."""
+    importlib.invalidate_caches()
+    spec = importlib.util.find_spec(name)
+    origin = getattr(spec, "origin", None) or ""
+    if not origin.startswith(os.path.join(code_dir, "")):
+        raise ValueError(f"run() runs the functions this notebook wrote into session.code_dir; "
+                         f"{name!r} is {origin or 'not a file'}: copy the function into a "
+                         "%%writefile {session.code_dir}/<name>.py cell")
+
+
 class Child:
     """What a worker function gets first: ``lib`` ("torch" or "shmlab"), ``tlib`` (that
     library), ``mp`` (its multiprocessing), ``queue`` (shared with the notebook, or None) and
@@ -117,10 +142,12 @@ class Child:
         return f"<Child {self.lib} kept={sorted(self.kept)}>"
 
 
-def commands(lib: str, queue=None, strategy: str | None = None) -> dict:
+def commands(lib: str, queue=None, strategy: str | None = None,
+             code_dir: str | None = None) -> dict:
     """The command table of a worker child (run by ``Actor``; ``Actor.run`` sends ``run``).
 
-    run      MODULE, QUALNAME, ARGS   what ``MODULE.QUALNAME(child, *ARGS)`` returned
+    run      MODULE, QUALNAME, ARGS   what ``MODULE.QUALNAME(child, *ARGS)`` returned; with
+                                      ``code_dir``, only modules written there
     fds      -                        {"total", "shm", "links", "recvfds_calls"}: observation
     exit     -                        drops what the child kept
     """
@@ -131,6 +158,8 @@ def commands(lib: str, queue=None, strategy: str | None = None) -> dict:
     child = Child(lib, queue, strategy)
 
     def run(module, qualname, args):
+        if code_dir is not None:
+            _check_written_here(module, code_dir)
         return function(module, qualname)(child, *args)
 
     def fds():
