@@ -160,6 +160,22 @@ def test_died_is_seen_even_when_a_grandchild_holds_the_pipe_open():
         _wait_gone(grandchild)
 
 
+@pytest.mark.parametrize("method", METHODS)
+def test_kill_reaps_at_once_even_when_a_grandchild_holds_the_sentinel(method):
+    """A torch_shm_manager started by the child inherits its end of the sentinel pipe: kill()
+    must not wait on that pipe (join would time out after 10 s and leave a zombie)."""
+    a = Actor(table, 0, ctx=method)
+    grandchild = a("fork_sleeper")
+    try:
+        start = time.monotonic()
+        a.kill()
+        assert a.exitcode == -signal.SIGKILL and time.monotonic() - start < 5
+        assert not psutil.pid_exists(a.pid)  # reaped: not even a zombie
+    finally:
+        os.kill(grandchild, signal.SIGKILL)
+        _wait_gone(grandchild)
+
+
 def test_exit_runs_the_tables_exit_and_is_safe_twice(tmp_path):
     mark = tmp_path / "mark"
     with Actor(table, 0, str(mark), ctx="spawn") as a:

@@ -287,7 +287,10 @@ class Actor:
                 os.kill(self.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-            self._proc.join(10)
+            # Not join(): it waits for the child's sentinel pipe to close, and a grandchild that
+            # inherited its write end (a torch_shm_manager the child started) keeps it open, so
+            # join() would time out and leave a zombie. Reap by pid: SIGKILL ends it at once.
+            self._proc._popen.poll(0)
         self._conn.close()
 
     def __enter__(self) -> Actor:
