@@ -23,7 +23,6 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
-import sys
 import time
 
 import torch
@@ -32,46 +31,7 @@ import torch.multiprocessing as torch_mp
 from ... import introspect
 from ...introspect import leaks
 from . import namespaces, sharing
-
-
-def _stage(send, stop, scene, args) -> None:
-    # terminate() (a daemonic child at the kernel's exit) must still run the scene's teardown
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    try:
-        scene(send.send, stop, *args)  # sends its facts once set up, returns after stop
-    except Exception as exc:  # noqa: BLE001 - the parent raises it with the reason
-        send.send({"error": f"{type(exc).__name__}: {exc}"})
-
-
-class Scene:
-    """Run ``scene(report, stop, *args)`` in a fork child; ``facts`` is what it reported once
-    set up. ``stop()`` (or leaving the ``with``) tears it down and waits for it."""
-
-    def __init__(self, scene, *args, timeout: float = 30.0):
-        ctx = multiprocessing.get_context("fork")
-        recv, send = ctx.Pipe(duplex=False)
-        self._stop = ctx.Event()
-        self.proc = ctx.Process(target=_stage, args=(send, self._stop, scene, args), daemon=True)
-        self.proc.start()
-        send.close()
-        self.facts = recv.recv() if recv.poll(timeout) else {"error": "timed out setting up"}
-        recv.close()
-        if "error" in self.facts:
-            self.stop()
-            raise RuntimeError(f"{scene.__name__}: {self.facts['error']}")
-
-    def stop(self) -> None:
-        self._stop.set()
-        self.proc.join(20)
-        if self.proc.is_alive():
-            self.proc.kill()
-            self.proc.join()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.stop()
+from .run import Scene  # noqa: F401 - the stager is the runner's now
 
 
 def _hold_file_system_tensor(conn) -> None:

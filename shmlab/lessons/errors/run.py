@@ -4,7 +4,9 @@
 milliseconds), runs ``fn`` there with the child's stderr captured, and returns an Outcome: the
 value ``fn`` returned, or the exception it raised (type and torch's own message), or the
 signal that killed it. ``run_python(code)`` runs a fresh interpreter instead, for the errors
-that only a fresh ``__main__`` shows (spawn's re-import of the main module).
+that only a fresh ``__main__`` shows (spawn's re-import of the main module). ``Scene(fn,
+*args)`` keeps a situation staged by ``fn`` alive in a fork child, in the background, until
+``stop()``.
 """
 
 from __future__ import annotations
@@ -147,3 +149,44 @@ def last_exception(text: str) -> tuple[str, str] | None:
             rest = [ln.strip() for ln in lines[i + 1:] if not ln.startswith("Traceback")]
             return match.group(1), "\n".join([match.group(2), *rest]).strip()
     return None
+
+
+# --- a situation kept alive in the background ----------------------------------------------------
+def _stage(send, stop, scene, args) -> None:
+    # terminate() (a daemonic child at the kernel's exit) must still run the scene's teardown
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    try:
+        scene(send.send, stop, *args)  # sends its facts once set up, returns after stop
+    except Exception as exc:  # noqa: BLE001 - the parent raises it with the reason
+        send.send({"error": f"{type(exc).__name__}: {exc}"})
+
+
+class Scene:
+    """Run ``scene(report, stop, *args)`` in a fork child; ``facts`` is what it reported once
+    set up. ``stop()`` (or leaving the ``with``) tears it down and waits for it."""
+
+    def __init__(self, scene, *args, timeout: float = 30.0):
+        ctx = multiprocessing.get_context("fork")
+        recv, send = ctx.Pipe(duplex=False)
+        self._stop = ctx.Event()
+        self.proc = ctx.Process(target=_stage, args=(send, self._stop, scene, args), daemon=True)
+        self.proc.start()
+        send.close()
+        self.facts = recv.recv() if recv.poll(timeout) else {"error": "timed out setting up"}
+        recv.close()
+        if "error" in self.facts:
+            self.stop()
+            raise RuntimeError(f"{scene.__name__}: {self.facts['error']}")
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.proc.join(20)
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
