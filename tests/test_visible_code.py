@@ -79,8 +79,6 @@ SCENES: dict[str, set[str] | None] = {
 # listed notebook must still have a problem (xfail), so that a converted one fails here until it
 # leaves the list.
 NOT_YET_CONVERTED = {
-    "01_what_is_torch_multiprocessing.ipynb",
-    "02_sharing_strategy_api.ipynb",
     "06_hogwild_training.ipynb",
     "07_beyond_one_machine.ipynb",
     "08_when_the_parent_dies.ipynb",
