@@ -74,10 +74,9 @@ SCENES: dict[str, set[str] | None] = {
     "shmlab.examples.ddp": None,
 }
 
-# Notebooks that still drive their experiments from the package (issue 24 item 1: every one but
-# 04, 05, 11, 12 and 13 so far; 00 and 10 run no experiment). Each entry is checked too: a
-# listed notebook must still have a problem (xfail), so that a converted one fails here until it
-# leaves the list.
+# Notebooks that still drive their experiments from the package (issue 24 item 1; 00 and 10 run
+# no experiment). Each entry is checked too: a listed notebook must still have a problem (xfail),
+# so that a converted one fails here until it leaves the list.
 NOT_YET_CONVERTED = {
     "06_hogwild_training.ipynb",
     "07_beyond_one_machine.ipynb",
