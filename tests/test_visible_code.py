@@ -74,7 +74,6 @@ NOT_YET_CONVERTED = {
     "03_sharing_cuda_tensors.ipynb",
     "06_hogwild_training.ipynb",
     "07_beyond_one_machine.ipynb",
-    "09_live_dashboard.ipynb",
     "11_famous_errors.ipynb",
     "12_crashes_trackers_and_fds.ipynb",  # being converted in parallel
     "13_inside_share_memory.ipynb",  # being converted in parallel
