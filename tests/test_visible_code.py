@@ -80,8 +80,6 @@ SCENES: dict[str, set[str] | None] = {
 NOT_YET_CONVERTED = {
     "06_hogwild_training.ipynb",
     "07_beyond_one_machine.ipynb",
-    "08_when_the_parent_dies.ipynb",
-    "09_live_dashboard.ipynb",
 }
 
 _CELL_MAGIC = re.compile(r"^\s*%%")
