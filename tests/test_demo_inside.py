@@ -1,4 +1,4 @@
-"""Notebook 13's demo modules: shmlab.lessons.memprobe, share_parts, empty and sharedcache.
+"""Notebook 13's probes: shmlab.lessons.memprobe and share_parts.
 
 Small sizes, real processes, real shared memory; what is asserted is counted (page faults,
 bytes, objects), never timed, as in the notebook's hidden cells.
@@ -6,14 +6,9 @@ bytes, objects), never timed, as in the notebook's hidden cells.
 
 from __future__ import annotations
 
-import multiprocessing
-
 import pytest
 
-from shmlab.harness import holder
-from shmlab.harness.actor import Actor
-from shmlab.harness.libs import LIBS
-from shmlab.lessons import empty, memprobe, share_parts, sharedcache
+from shmlab.lessons import memprobe, share_parts
 
 pytestmark = pytest.mark.timeout(180)
 SIZE = memprobe.SMALLEST  # 32 MiB: big enough that a few stray pages are noise
@@ -49,37 +44,3 @@ def test_share_memory_parts_are_counted():
     med = share_parts.medians(results)
     assert set(med) == set(share_parts.RUNS) and pages > 0
     share_parts.plot(med, SIZE).clf()
-
-
-@pytest.mark.parametrize("lib", LIBS)
-def test_shared_cache_purges_follow_the_live_count(lib):
-    r = sharedcache.fill(lib, 600)
-    assert r["purged at"] == [129, 259, 519] and r["limit"] == 1038
-    fixed = sharedcache.fill(lib, 300, fixed=True)
-    assert fixed["purged at"] == list(range(129, 301)) and fixed["limit"] == 128
-
-
-def test_shared_cache_lock_after_fork():
-    r = sharedcache.lock_after_fork("shmlab")
-    assert r["multiprocessing child"] == {"same object": False, "acquired": True}
-    assert r["os.fork() child"] == {"same object": True, "acquired": False}
-
-
-@pytest.mark.parametrize("lib", LIBS)
-def test_an_empty_tensor_under_each_strategy(lib):
-    ctx = multiprocessing.get_context("fork")
-    dataq = ctx.Queue()
-    send = Actor(empty.sender, lib, dataq, ctx=ctx)
-    receive = Actor(holder.commands, lib, dataq, ctx=ctx)
-    try:
-        fd = empty.send_empty("file_descriptor", send, receive, share_first=True)
-        assert fd["pickle names"] == "rebuild_storage_empty" and fd["receiver"] == (False, 0)
-        assert fd["sender after"] is True and not fd["new files"]
-        fs = empty.send_empty("file_system", send, receive)
-        assert fs["receiver"] == (True, 0) and list(fs["new files"].values()) == [(64, 2)]
-        assert fs["receiver maps it"] == [True] and fs["files left"] == []
-    finally:
-        send.exit()
-        receive.exit()
-        dataq.close()
-        dataq.join_thread()

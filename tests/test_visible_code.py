@@ -51,24 +51,13 @@ SCENES: dict[str, set[str] | None] = {
     # what they still import from these modules observes (look, fds_on, rows, report, parts_of)
     "shmlab.lessons.crashes": {"start", "run", "consumer_dies", "producer_dies", "never_received"},
     "shmlab.lessons.cuda": None,
-    "shmlab.lessons.dropped": None,
-    "shmlab.lessons.empty": None,
-    # notebook 11's scenes; errors.run (in_child, run_python, Scene: run a function in a child
-    # and report how it ended) observes, errors.namespaces (a small private /dev/shm, a pid
-    # namespace) sets up the environment: neither does torch work
-    "shmlab.lessons.errors.dataloader": None,
-    "shmlab.lessons.errors.hunt": None,
-    "shmlab.lessons.errors.sharing": None,
-    "shmlab.lessons.errors.startup": None,
+    # not scenes: lessons.errors.run (in_child, run_python, Scene: run a function in a child and
+    # report how it ended) observes; lessons.errors.namespaces (a small private /dev/shm, a pid
+    # namespace) sets up the environment
     "shmlab.lessons.inflight": {"timeline"},
-    "shmlab.lessons.lifecycle": None,
-    "shmlab.lessons.mainscript": None,
     "shmlab.lessons.share_parts": {"torch_whole", "torch_by_hand", "shmlab_parts",
                                    "shmlab_torch_way", "measure"},
-    "shmlab.lessons.sharedcache": None,
     "shmlab.lessons.trackers": {"creator", "launch", "kill"},
-    "shmlab.lessons.fdpath": {"fd_path", "after_start_up"},
-    "shmlab.lessons.strategy_at_import": None,
     "shmlab.examples.hogwild": None,     # training workers (06, 07); data, model and evidence
     "shmlab.examples.hogwild_parts": None,  # (what the learner observes) are not scenes
     "shmlab.examples.ddp": None,
@@ -248,18 +237,19 @@ def test_the_check_flags_string_commands_and_scene_functions():
         "def scenario(S):\n    S('send', 'r')\n\nscenario(SENDER['torch'])",
         "S, R = SENDER['torch'], session.actor(lambda: {})\nR('recv', 'r', 1)\n"
         "S.send('drop', 'r')",
-        "%time x = 1\nfrom shmlab.lessons import empty, fdpath\nfdpath.fd_path('fork')\n"
+        "%time x = 1\nfrom shmlab.lessons import channels, fdpath, share_parts\n"
+        "share_parts.measure(1)\n"
         "fdpath.segment_bytes(1, 2)",                               # observation: allowed
         "from shmlab.lessons.channels import pool_write",
-        "import shmlab.lessons.errors.hunt",
+        "import shmlab.examples.ddp",
     )
     problems = visible_code_problems(planted)
     expected = [("cell 1", "'make'"), ("cell 2", "'send'"), ("cell 3", "'recv'"),
                 ("cell 3", "'drop'"),
-                ("cell 4", "scene module shmlab.lessons.empty"),
-                ("cell 4", "scene function shmlab.lessons.fdpath.fd_path"),
+                ("cell 4", "scene module shmlab.lessons.channels"),
+                ("cell 4", "scene function shmlab.lessons.share_parts.measure"),
                 ("cell 5", "pool_write from the scene module shmlab.lessons.channels"),
-                ("cell 6", "scene module shmlab.lessons.errors")]
+                ("cell 6", "scene module shmlab.examples.ddp")]
     assert len(problems) == len(expected), problems
     for (cell, what), problem in zip(expected, problems, strict=True):
         assert problem.startswith(cell) and what in problem, (cell, what, problem)

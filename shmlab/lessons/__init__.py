@@ -1,18 +1,18 @@
 """The lesson scenes: the workers and scenarios each notebook runs, one module per concept.
 
-A ``spawn`` child imports the function it runs by module and name, so what a child of a lesson
-runs lives here, not in a notebook cell. The harness that starts and drives those children is
+What a child runs is written in the notebooks themselves (``%%writefile`` cells, run by
+``shmlab.harness.workers``); what is left here observes an experiment, or is a worker the tests
+and the training notebooks share. The harness that starts and drives children is
 ``shmlab.harness``; the stress tool's families are ``shmlab.testing``.
 
-- ``channels``, ``lifecycle``, ``cuda``: spawn-importable worker functions, by concept.
-- ``fdpath``, ``wire``, ``mainscript`` (with its script ``strategy_at_import``): how an fd
-  travels, what crosses the wire, where the strategy is set (notebooks 02 - 04).
-- ``crashes``, ``dropped``, ``trackers``, ``inflight``: notebook 12's scenarios (a crash under
-  each strategy; a live process's dropped manager connection; resource_tracker vs the
-  managers; a file_descriptor sender's fds in flight).
-- ``memprobe``, ``share_parts``, ``empty``, ``sharedcache``: inside ``share_memory_()``
+- ``channels``, ``cuda``: spawn-importable worker functions the tests share, by concept.
+- ``fdpath``, ``wire``: how an fd travels (a tracer of multiprocessing's fd routes; one
+  segment's memory) and what crosses the wire (``strace`` of notebook 04's script).
+- ``crashes``, ``trackers``, ``inflight``: notebook 12's probes (a pair's file, refcount, fds,
+  mappings and memory; resource_tracker vs the managers; a sender's fds in flight).
+- ``memprobe``, ``share_parts``: what a process holds, and ``share_memory_()``'s parts timed
   (notebook 13).
-- ``errors``: the famous errors of notebook 11, each reproduced in a child process.
+- ``errors``: the runner and the namespace set-up of notebook 11's famous errors.
 
 Nothing here is part of the torch mirror; it only drives it.
 """

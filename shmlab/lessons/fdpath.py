@@ -1,10 +1,10 @@
 """Which channel carries a shared tensor's fd, for each start method and after start-up.
 
-Notebook 04 (claims C12.1 and C12.7). ``traced()`` wraps, in this process only, the places
-where CPython's multiprocessing can let an fd go, and records each call; ``fd_path`` starts
-one child with a shared tensor as its ``Process`` argument under one start method and says
-which of those places the fd went through. ``segment_bytes`` measures one segment's memory
-through whatever still holds it, in any process.
+Notebook 04's probes (claims C12.1 and C12.7; the experiments are written in the notebook).
+``traced()`` wraps, in this process only, the places where CPython's multiprocessing can let an
+fd go, and records each call, so a cell that starts a child with a shared tensor as its
+``Process`` argument sees which of those places the fd went through. ``segment_bytes``
+measures one segment's memory through whatever still holds it, in any process.
 
 Mirrors: CPython multiprocessing/popen_fork.py (nothing pickled), popen_spawn_posix.py
 (``duplicate_for_child`` -> ``util.spawnv_passfds``), popen_forkserver.py + forkserver.py
@@ -15,12 +15,8 @@ Mirrors: CPython multiprocessing/popen_fork.py (nothing pickled), popen_spawn_po
 from __future__ import annotations
 
 import contextlib
-import multiprocessing
 import os
 from multiprocessing import popen_forkserver, popen_spawn_posix, reduction, resource_sharer, util
-
-from ..harness.libs import new_tensor
-from . import channels
 
 
 @contextlib.contextmanager
@@ -65,44 +61,12 @@ def traced():
                 setattr(owner, name, original)
 
 
-def fd_path(method: str, lib: str = "torch", value: float = 5.0) -> dict:
-    """Start one ``method`` child with a shared tensor as its Process argument; the child
-    writes ``value`` at [0]. Report what ``traced()`` saw, the storage's fd, the exit code
-    and what the parent reads back at [0]."""
-    t = new_tensor(lib, [0.0, 0.0]).share_memory_()
-    fd = storage_fd(t)
-    if method == "forkserver":  # start the server first: its own launch is not the child's
-        from multiprocessing import forkserver
-        forkserver.ensure_running()
-    ctx = multiprocessing.get_context(method)
-    with traced() as seen:
-        p = ctx.Process(target=channels.pool_write, args=(t, value), daemon=True)
-        p.start()
-        p.join(120)
-    return {**seen, "fd": fd, "exitcode": p.exitcode, "seen": float(t.numpy()[0])}
-
-
 def storage_fd(t) -> int:
     """The fd a file_descriptor-shared tensor's storage keeps (torch or shmlab)."""
     storage = t.untyped_storage()
     if hasattr(storage, "_share_fd_cpu_"):  # torch
         return storage._share_fd_cpu_()[0]
     return storage.fd  # shmlab
-
-
-def after_start_up(lib: str = "torch") -> dict:
-    """Pickle a shared tensor outside any Process start-up, as ``Queue.put``'s feeder thread
-    does, then receive it here: the fd goes through ``resource_sharer``."""
-    from multiprocessing.reduction import ForkingPickler
-
-    t = new_tensor(lib, [0.0, 0.0]).share_memory_()
-    with traced() as seen:
-        msg = ForkingPickler.dumps(t)
-        back = ForkingPickler.loads(msg)  # connects to the listener: SCM_RIGHTS over AF_UNIX
-    address = resource_sharer._resource_sharer._address
-    back.numpy()[0] = 3.0
-    return {**seen, "address": address, "unix": isinstance(address, str) and
-            os.path.exists(address), "message bytes": len(msg), "seen": float(t.numpy()[0])}
 
 
 def fds_on(ino: int) -> int:
