@@ -72,7 +72,6 @@ NOT_YET_CONVERTED = {
     "01_what_is_torch_multiprocessing.ipynb",
     "02_sharing_strategy_api.ipynb",
     "03_sharing_cuda_tensors.ipynb",
-    "07_beyond_one_machine.ipynb",
     "08_when_the_parent_dies.ipynb",
     "09_live_dashboard.ipynb",
     "11_famous_errors.ipynb",
