@@ -63,13 +63,10 @@ SCENES: dict[str, set[str] | None] = {
     "shmlab.examples.ddp": None,
 }
 
-# Notebooks that still drive their experiments from the package (issue 24 item 1; 00 and 10 run
-# no experiment). Each entry is checked too: a listed notebook must still have a problem (xfail),
-# so that a converted one fails here until it leaves the list.
-NOT_YET_CONVERTED = {
-    "06_hogwild_training.ipynb",
-    "07_beyond_one_machine.ipynb",
-}
+# Notebooks that still drive their experiments from the package: none (00 and 10 run no
+# experiment). A notebook listed here must still have a problem (xfail), so that one converted
+# fails here until it leaves the list.
+NOT_YET_CONVERTED: set[str] = set()
 
 _CELL_MAGIC = re.compile(r"^\s*%%")
 _LINE_MAGIC = re.compile(r"^(\s*)[%!]")
