@@ -58,8 +58,8 @@ SCENES: dict[str, set[str] | None] = {
     "shmlab.lessons.share_parts": {"torch_whole", "torch_by_hand", "shmlab_parts",
                                    "shmlab_torch_way", "measure"},
     "shmlab.lessons.trackers": {"creator", "launch", "kill"},
-    "shmlab.examples.hogwild": None,     # training workers (06, 07); data, model and evidence
-    "shmlab.examples.hogwild_parts": None,  # (what the learner observes) are not scenes
+    "shmlab.examples.hogwild": None,     # training workers (tests, lab 5); data, model and
+                                         # evidence (what the learner observes) are not scenes
     "shmlab.examples.ddp": None,
 }
 

@@ -1,14 +1,11 @@
-"""Training examples for the Hogwild and DDP notebooks: workers live here, not in notebook cells.
+"""Training examples the tests and lab 5 run: Hogwild and DDP as complete programs.
 
-Under the spawn (and forkserver) start method a child process imports the worker function by
-module and name; a function defined in a notebook cell lives in `__main__`, which the child
-cannot import. So every function a child runs is in this package.
+The notebooks write their own workers (``%%writefile`` cells, ``shmlab.harness.workers``); these
+are the reference runs a test or a grader starts from Python or the command line.
 
 - `data`: the scikit-learn digits set as tensors (offline, fixed split).
 - `model`: the MLP, `TrainConfig`, `TrainResult`.
 - `hogwild`: `run_hogwild()`, `run_single()`, the `train()` worker; CLI.
-- `hogwild_parts`: one worker per Hogwild ingredient (a shared step, a lost update, sparse SGD).
 - `evidence`: `check_sharing()`: proof that workers share the parent's parameters.
-- `ddp`: `run_ddp()` with DistributedDataParallel (gloo); CLI, also under torchrun; the
-  `ddp_replica()` worker that reports what one rank saw.
+- `ddp`: `run_ddp()` with DistributedDataParallel (gloo); CLI, also under torchrun.
 """

@@ -96,46 +96,6 @@ def _train(rank, world, model, optimizer, data, cfg, queue):
     return step
 
 
-def ddp_replica(rank: int, world: int, init_method: str, steps: int, batch: int, results):
-    """A DDP rank that reports what it saw: its own batch labels, its parameters after DDP's
-    start-up broadcast (each rank builds its model from a *different* seed), its local and
-    all-reduced gradient, and its parameters after ``steps`` synchronous steps.
-    """
-
-    def flat(tensors):
-        return torch.cat([t.detach().reshape(-1) for t in tensors]).numpy().copy()
-
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world)
-    try:
-        data = load_digits()
-        local = make_model(seed=100 + rank)  # different on every rank, on purpose
-        built = flat(local.parameters())
-        model = DDP(local)  # broadcasts rank 0's parameters to every rank
-        after_wrap = flat(model.parameters())
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-        labels, local_grad, reduced_grad = [], None, None
-        for step in range(steps):
-            start = (step * world + rank) * batch  # each rank its own, disjoint batch
-            x, y = data.x_train[start:start + batch], data.y_train[start:start + batch]
-            labels.append(y.tolist())
-            optimizer.zero_grad()
-            if step == 0:  # once, compute the gradient without DDP's all-reduce to compare
-                with model.no_sync():
-                    F.cross_entropy(model(x), y).backward()
-                local_grad = flat(p.grad for p in model.parameters())
-                optimizer.zero_grad()
-            F.cross_entropy(model(x), y).backward()  # all-reduce (average) during backward
-            if step == 0:
-                reduced_grad = flat(p.grad for p in model.parameters())
-            optimizer.step()
-        results.put({"rank": rank, "pid": os.getpid(), "built": built, "after_wrap": after_wrap,
-                     "labels": labels, "local_grad": local_grad, "reduced_grad": reduced_grad,
-                     "final": flat(model.parameters())})
-    finally:
-        dist.destroy_process_group()
-
-
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))  # the OS picks a free port; a small race, fine for a lab

@@ -35,7 +35,7 @@ from shmlab.harness.libs import LIBS, load
 from shmlab.harness.show import markdown_table, show_table, show_widget
 from shmlab.harness.watch import alive
 
-__all__ = ["LIBS", "Session", "load", "markdown_table", "our_files", "run_children",
+__all__ = ["LIBS", "Session", "load", "markdown_table", "our_files",
            "show_table", "show_widget", "side_by_side", "training_kernel", "versions"]
 
 def side_by_side(scenario, libs=LIBS) -> dict:
@@ -76,25 +76,6 @@ def training_kernel() -> None:
 
     torch.set_num_threads(1)
     importlib.import_module("torch._dynamo")
-
-
-def run_children(ctx, target, arglists, out, timeout: float = 120.0) -> list:
-    """Start one daemon ``ctx.Process(target, args)`` per entry of `arglists`, take one message
-    per child from the queue `out`, then join them (terminating any that hangs) and close `out`.
-    Returns (the messages in the order they arrived, the joined Process objects)."""
-    procs = [ctx.Process(target=target, args=args, daemon=True) for args in arglists]
-    try:
-        for p in procs:
-            p.start()
-        return [out.get(timeout=timeout) for _ in procs], procs
-    finally:
-        for p in procs:
-            if p.pid is not None:
-                p.join(timeout=60)
-                if p.is_alive():
-                    p.terminate()
-                    p.join()
-        out.close()
 
 
 class Session:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import gc
 import os
 import resource
-from multiprocessing.reduction import ForkingPickler
 
 from ..harness.libs import fd_count, load
 
@@ -188,25 +187,3 @@ def share_with_receiver(lib: str, n: int, nbytes: int, info, release):
             break
     receiver.join()
     del held
-
-
-def collate_and_report(samples):
-    """A DataLoader ``collate_fn`` that also says who collated the batch: the worker's pid and
-    the sharing strategy *its* torch.multiprocessing uses to send the batch to the parent; and
-    where the batch was born: ``default_collate`` in a worker allocates it in shared memory
-    ("born shared"), so pickling it for the queue leaves it in place ("moved by pickling"
-    False), whereas a private tensor of the same batch is copied into a new segment."""
-    import torch
-    import torch.multiprocessing
-    from torch.utils.data import default_collate
-
-    x, y = default_collate(samples)
-    private = torch.stack([s[0] for s in samples])  # the same batch, made the ordinary way
-    ptrs = (x.untyped_storage().data_ptr(), private.untyped_storage().data_ptr())
-    born_shared = x.is_shared()
-    for t in (x, private):  # what the worker's queue does with the batch next
-        ForkingPickler.loads(ForkingPickler.dumps(t))  # (received at once: no dup is left)
-    return x, y, {"pid": os.getpid(), "strategy": torch.multiprocessing.get_sharing_strategy(),
-                  "born shared": born_shared,
-                  "moved by pickling": ptrs[0] != x.untyped_storage().data_ptr(),
-                  "private moved by pickling": ptrs[1] != private.untyped_storage().data_ptr()}
