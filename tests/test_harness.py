@@ -301,6 +301,75 @@ def test_leakcheck_watches_from_a_process_of_its_own(pytester, monkeypatch):
         time.sleep(0.05)
 
 
+# Under pytest-xdist each worker is a run of its own (Note [One run per xdist worker] in
+# support/leakcheck.py): two tests on two workers at once, one leaking a /dev/shm file, a child
+# and an orphaned manager while the other is watched through it; only the leaker is blamed.
+XDIST_TESTS = """
+import os, subprocess, sys, time
+import pytest
+
+def wait_for(path):
+    deadline = time.monotonic() + 60
+    while not os.path.exists(path):
+        assert time.monotonic() < deadline, f"never saw {path}: not run side by side?"
+        time.sleep(0.01)
+
+@pytest.mark.xdist_group("leaker")
+def test_leaker():
+    wait_for("clean_started")
+    name = f"/dev/shm/shmlab_{os.getpid()}_w_0"
+    os.close(os.open(name, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600))
+    child = subprocess.Popen(["sleep", "60"])
+    out = subprocess.run([sys.executable, "-c", os.environ["ORPHAN"]], capture_output=True,
+                         text=True, timeout=60, check=True).stdout.split()
+    with open("leaked", "w") as f:
+        f.write(f"{name} {child.pid} {out[0]} {os.environ['SHMLAB_LEAKCHECK_RUN']}")
+    wait_for("clean_checked")  # the other worker's teardown has judged its test meanwhile
+
+@pytest.mark.xdist_group("clean")
+def test_clean():
+    open("clean_started", "w").close()
+    wait_for("leaked")  # ends while the other test's leaks are all there
+"""
+XDIST_CONFTEST = """
+def pytest_runtest_logreport(report):
+    if report.when == "teardown" and report.nodeid.endswith("test_clean"):
+        open("clean_checked", "w").close()  # after the leak checker's teardown judged it
+"""
+
+
+@pytest.mark.timeout(180)
+def test_leakcheck_blames_each_xdist_worker_for_its_own_leaks_only(pytester, monkeypatch):
+    """Without a marker of its own per worker, the clean test's worker counted the orphaned
+    manager (it carried the run's one marker) and the file (its creator's environment named
+    that marker too) as its own leaks, and killed and unlinked them under the other test."""
+    pytester.makepyfile(test_xdist=XDIST_TESTS)
+    pytester.makeconftest(XDIST_CONFTEST)
+    monkeypatch.setenv("PYTHONPATH", str(TESTS), prepend=os.pathsep)
+    monkeypatch.setenv("SHMLAB_LEAKCHECK_GRACE", "0.5")
+    monkeypatch.setenv("ORPHAN", ORPHAN)
+    result = pytester.runpytest_subprocess("-p", "support.leakcheck", "-p", "no:cacheprovider",
+                                           "-n", "2", "--dist", "loadgroup", "-v")
+    leaked = (pytester.path / "leaked").read_text().split()
+    name, child, manager, marker = leaked[0], int(leaked[1]), int(leaked[2]), leaked[3]
+    try:
+        result.assert_outcomes(passed=2, errors=1)
+        result.stdout.fnmatch_lines(["*ERROR at teardown of test_leaker*",
+                                     f"*{name}*", "*'sleep 60'*", "*shmlab.manager*"])
+        result.stdout.no_fnmatch_line("*ERROR at teardown of test_clean*")
+        assert marker.endswith(("-gw0", "-gw1")), marker
+        assert not os.path.exists(name), "the leaker's checker should have unlinked its file"
+        for pid in (child, manager):
+            assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == \
+                psutil.STATUS_ZOMBIE, f"the leaker's checker should have killed {pid}"
+    finally:
+        for pid in (child, manager):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(name)
+
+
 # --- (b) a notebook carrying outputs is detected ---------------------------------------------
 
 
