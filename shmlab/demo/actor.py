@@ -192,6 +192,14 @@ class Actor:
         self.send(command, *args)
         return self.reply(timeout)
 
+    def run(self, fn, *args, timeout: float | None = 90.0):
+        """Run ``fn(child, *args)`` in the child, where ``fn`` is a function of a module the
+        child can import (a worker module a notebook wrote: ``shmlab.demo.workers``), and
+        return what it returned. The child runs the module's current source."""
+        from .workers import reference
+
+        return self("run", *reference(fn), args, timeout=timeout)
+
     def send(self, command: str, *args) -> None:
         """Send a command without waiting; ``reply()`` answers them in the order sent."""
         seq, self._sent = self._sent, self._sent + 1

@@ -23,7 +23,10 @@ import gc
 import importlib
 import multiprocessing
 import os
+import shutil
 import signal
+import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -112,6 +115,11 @@ class Session:
         self.manager_pids: set[int] = set()  # remembered once seen: they outlive their parent
         self._children, self._pools, self._queues, self._widgets = [], [], [], []
         self._groups: list[int] = []
+        # The folder for the worker modules this notebook writes (%%writefile), first on
+        # sys.path now, before any child starts: fork children inherit sys.path, spawn
+        # children are sent it (Note [Edit the cell, re-run the step] in workers.py).
+        self.code_dir = tempfile.mkdtemp(prefix="shmlab-nb-code-")
+        sys.path.insert(0, self.code_dir)
         self.closed = False
         atexit.register(self.close)
 
@@ -139,6 +147,13 @@ class Session:
         from shmlab.demo.actor import Actor
 
         return self.track(Actor(commands, *args, ctx=self.ctx, name=name))
+
+    def worker(self, lib: str, queue=None, strategy: str | None = None, name=None):
+        """A tracked child that runs the notebook's worker functions (``Actor.run``) for `lib`,
+        with `queue` (one of this session's) as ``child.queue``; ``strategy``: set it first."""
+        from shmlab.demo import workers
+
+        return self.actor(workers.commands, lib, queue, strategy, name=name)
 
     def holder(self, lib: str, dataq, strategy: str | None = None, name=None):
         """A tensor-holding actor (``shmlab.demo.holder``) for `lib` on the queue `dataq`."""
@@ -246,9 +261,18 @@ class Session:
         deadline = time.monotonic() + timeout
         while any(self.leftovers().values()) and time.monotonic() < deadline:
             time.sleep(0.1)
+        self._remove_code_dir()
         self.closed = True
         atexit.unregister(self.close)
         return self.leftovers()
+
+    def _remove_code_dir(self) -> None:
+        if self.code_dir in sys.path:
+            sys.path.remove(self.code_dir)
+        for name, module in list(sys.modules.items()):  # forget the worker modules
+            if (getattr(module, "__file__", None) or "").startswith(self.code_dir + os.sep):
+                del sys.modules[name]
+        shutil.rmtree(self.code_dir, ignore_errors=True)
 
     def report(self, left: dict | None = None) -> None:
         """Print what close() left (nothing, normally) and the strategies now in force."""
