@@ -26,7 +26,7 @@ import psutil
 import pytest
 from support import nbutil
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]  # tests/: where `support` is
 
 # --- (a) the leak checker fails a leaking test and cleans up after it ------------------------
 

@@ -28,7 +28,7 @@ from shmlab import __main__ as shmlab_main
 from shmlab import introspect
 from shmlab.tools import doctor, doctor_checks, doctor_leaks
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [REPO, os.environ.get(
     "PYTHONPATH")]))}
 NOBODY = 65534
