@@ -10,7 +10,8 @@ import pytest
 # pytester run: the harness's own tests load the leak checker into one (`-p support.leakcheck`)
 # and prove that it fails a leaking test.
 sys.path.insert(0, os.path.dirname(__file__))
-pytest_plugins = ["support.leakcheck", "pytester", "support.families", "support.managers"]
+pytest_plugins = ["support.leakcheck", "pytester", "support.families", "support.managers",
+                  "support.xdistgroups"]
 
 # Note [The longest tests first]
 # `make test` runs the suite on pytest-xdist workers (--dist loadgroup --no-loadscope-reorder),

@@ -370,6 +370,42 @@ def test_leakcheck_blames_each_xdist_worker_for_its_own_leaks_only(pytester, mon
             os.unlink(name)
 
 
+GROUPED_TESTS = """
+import os, pytest
+
+CASES = [pytest.param(n, g, id=f"{g}-{n}", marks=pytest.mark.xdist_group(f"g{g}"))
+         for g in range(3) for n in range(4)]
+
+@pytest.mark.parametrize("n, g", CASES)
+def test_grouped(n, g):
+    print("RAN", g, os.environ["PYTEST_XDIST_WORKER"])
+
+@pytest.mark.parametrize("n", range(6))
+def test_free(n):
+    pass
+"""
+
+
+@pytest.mark.timeout(120)
+def test_xdist_group_keeps_each_group_on_one_worker(pytester, monkeypatch):
+    """Note [xdist groups under pytest 9] in support/xdistgroups.py: three groups of four
+    parametrized cases on three workers, each group on one worker, ids as they are. Without
+    the plugin the groups were spread over all three workers."""
+    pytester.makepyfile(test_grouped=GROUPED_TESTS)
+    monkeypatch.setenv("PYTHONPATH", str(TESTS), prepend=os.pathsep)
+    result = pytester.runpytest_subprocess("-p", "support.xdistgroups", "-p", "no:cacheprovider",
+                                           "-n", "3", "--dist", "loadgroup", "-rA")
+    result.assert_outcomes(passed=18)
+    workers = collections.defaultdict(set)
+    for line in result.stdout.lines:
+        if line.startswith("RAN "):
+            _, group, worker = line.split()
+            workers[group].add(worker)
+    assert sorted(workers) == ["0", "1", "2"], result.stdout.str()
+    assert all(len(w) == 1 for w in workers.values()), dict(workers)
+    result.stdout.fnmatch_lines(["PASSED test_grouped.py::test_grouped[0-0]"])  # no @g0 suffix
+
+
 # --- (b) a notebook carrying outputs is detected ---------------------------------------------
 
 
