@@ -28,8 +28,8 @@ from .manager.client import get_client
 # q.put(), as upstream's test_fs_sharing does) hands the child the lock held by a thread that
 # does not exist in the child: its first receive of a file_system tensor then waits forever
 # in `_lock_unlock_module`. (torch imports multiprocessing.resource_sharer eagerly for the
-# same reason; reductions.py does too.) The other half of this Note, the manager started
-# from the feeder thread, is in shmlab.manager.client._start_manager.
+# same reason; reductions.py does too.) The other half, the manager started from the feeder
+# thread, is Note [Forking while a manager starts] in client.py (shmlab/manager).
 
 
 def _release(kind: str, fd: int, name: str | None, manager: bytes | None, pid: int,
@@ -37,7 +37,7 @@ def _release(kind: str, fd: int, name: str | None, manager: bytes | None, pid: i
     """Free what a shared storage holds; runs once, when the storage is collected.
 
     ``held``: the file_system mapping, so the count is updated through it (refcounted.py,
-    Note [The fast path: update the count through the mapping we hold]).
+    Note [Who checks what, and when]).
 
     Note [Who releases after fork]
     A fork child inherits this finalizer with the storage. Closing the child's copy of an fd
@@ -60,7 +60,8 @@ def _release(kind: str, fd: int, name: str | None, manager: bytes | None, pid: i
                           RuntimeWarning, stacklevel=2)
             return
         if left:
-            return  # others hold it: the manager keeps the name (Note in manager/connection.py)
+            return  # others hold it: the manager keeps the name (see Note [What a receiver
+            # tells the manager] in client.py)
         try:
             get_client(manager).free(name.lstrip("/"))  # the file is gone: it may forget it
         except (OSError, RuntimeError):
@@ -172,7 +173,8 @@ class UntypedStorage:
         """Receiver: attach to a named segment (+1 on its refcount) and tell its manager."""
         name_s = name.decode() if isinstance(name, bytes) else str(name)
         client = get_client(manager)
-        # The creator registered the name; we only join (Note in manager/connection.py).
+        # The creator registered the name; we only join (Note [What a receiver tells the
+        # manager] in client.py).
         client.join(name_s.lstrip("/"))
         try:
             mapping = _shm.attach_refcounted(name_s, size)

@@ -11,8 +11,8 @@ PTHREAD_PROCESS_SHARED (it may live in shared memory and be taken from any proce
 maps it) and PTHREAD_MUTEX_ROBUST (if its holder dies, the kernel hands it to the next
 taker with EOWNERDEAD instead of leaving everyone waiting forever). Taking it when nobody
 holds it is a compare-and-swap in user space: no system call, ~2 us from Python through
-ctypes, where the flock() this replaced cost five system calls (open, flock, fstat, flock,
-close: ~15 us) because flock needs a file descriptor and file_system keeps none.
+ctypes, where an flock() costs five system calls (open, flock, fstat, flock, close: ~15 us)
+because flock needs a file descriptor and file_system keeps none.
 A holder that dies mid-update leaves the count whole: the update is one 4-byte store, done
 or not done. So EOWNERDEAD only needs pthread_mutex_consistent() before we go on.
 

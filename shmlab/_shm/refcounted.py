@@ -19,16 +19,14 @@ a segment whose count already reached 0.
 
 Note [Who checks what, and when]
 The lock is in the memory, so every update needs a mapping of the header. A holder (the
-creator, or a receiver that attached) has one, and its updates touch no file at all.
-Measured in one process (p50 of 4,000, three runs beside the flock version, load ~2.5): an
-incref + decref 26-31 us with flock (open, flock, fstat, flock, close each) -> 6-12 us; an
-attach + decref 65-73 -> 31-65 us. The name is looked at only where it matters: ``incref``
+creator, or a receiver that attached) has one, and its updates touch no file at all (the
+timings are in docs/benchmarks.md). The name is looked at only where it matters: ``incref``
 (a message is about to send a receiver to that name, so it must still name our file: one
 lstat) and the decref that reaches 0 (the unlink must remove our file, not whatever has the
 name now).
 Callers without a mapping (labs, tests, the cuda model) open the name, check the file
-(_check_ours), map just the header for the update and unmap it again: slower than the flock
-was (57-122 us an incref + decref, same runs), but no storage takes that path.
+(_check_ours), map just the header for the update and unmap it again: the slow path, which
+no storage takes.
 """
 
 from __future__ import annotations
@@ -50,8 +48,10 @@ _MAX_COUNT = 2**31 - 1  # torch's std::atomic<int> would wrap past this; we refu
 class RefcountedMapping(Mapping):
     """A mapped file_system segment that knows which file it maps (``file_id``).
 
-    ``count`` is the header's int32 as memory, ``lock`` the mutex beside it: the count is
-    only ever read or written under the lock.
+    ``count`` is the header's int32 as memory, ``lock`` the mutex beside it. Every update
+    in this module reads and writes the count under the lock (create_refcounted's first
+    write excepted: nobody else knows the name yet). Nothing checks that a caller holds it:
+    reading ``count`` without the lock is for observation only.
     """
 
     def __init__(self, fd: int, size: int, name: str, st: os.stat_result):

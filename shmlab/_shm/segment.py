@@ -18,7 +18,7 @@ from _posixshmem import shm_open, shm_unlink  # the same C wrappers shared_memor
 
 SHM_DIR = "/dev/shm"  # where shm_open("/name") puts "name" on Linux (a tmpfs)
 PREFIX = "shmlab"  # torch's segments start with "torch", the stdlib's with "psm"
-HEADER_SIZE = 64  # file_system segments: [0:4) int32 refcount | [4:64) padding | [64:) data
+HEADER_SIZE = 64  # file_system: [0:4) int32 refcount | [4:64) MAGIC and lock (headerlock.py) | data
 
 # The two sharing strategies are named after the two kinds of segment they use (as in torch):
 FILE_DESCRIPTOR = "file_descriptor"  # unlinked.py: unlinked at once, the fd is the handle

@@ -55,16 +55,16 @@ class _Unsupported(Exception):
 def _plain_python(source: str) -> tuple[str, list[str]]:
     """``source`` with its harmless magics rewritten, and a note for each; or ``_Unsupported``.
 
-    Note [Magics in graded cells]: answer cells run as plain Python (no IPython, so nothing
-    to bend), so ``%time``, ``!ls`` or ``%%bash`` are syntax errors here although they ran in
-    the learner's Jupyter. Only a cell that does not compile is looked at, and only the line
-    the SyntaxError names: a ``%`` in a string or an expression is never touched. Timing
-    magics run the code they wrap (``%time x = f()`` runs ``x = f()``; ``%%time`` /
-    ``%%timeit`` run the cell), set-up magics (``%matplotlib``, ``%load_ext``,
-    ``%autoreload``, ``%config``) become ``pass``; each says so in the output. Everything
-    else (``!cmd``, ``%%bash``, ``%run``, ``%cd``, ``x = !ls``, ``obj?``) scores 0 with a
-    message saying why and what to write instead: running a shell command, or another
-    notebook, is not an answer the grader can reproduce.
+    Note [Magics in graded cells]
+    Answer cells run as plain Python (no IPython, so nothing to bend), so ``%time``, ``!ls`` or
+    ``%%bash`` are syntax errors here although they ran in the learner's Jupyter. Only a cell that
+    does not compile is looked at, and only the line the SyntaxError names: a ``%`` in a string or
+    an expression is never touched. Timing magics run the code they wrap (``%time x = f()`` runs
+    ``x = f()``; ``%%time`` / ``%%timeit`` run the cell), set-up magics (``%matplotlib``,
+    ``%load_ext``, ``%autoreload``, ``%config``) become ``pass``; each says so in the output.
+    Everything else (``!cmd``, ``%%bash``, ``%run``, ``%cd``, ``x = !ls``, ``obj?``) scores 0 with
+    a message saying why and what to write instead: running a shell command, or another notebook,
+    is not an answer the grader can reproduce.
     """
     lines, notes = source.split("\n"), []
     for _ in range(len(lines) + 1):

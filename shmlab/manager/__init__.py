@@ -2,17 +2,24 @@
 
 Mirrors: torch/lib/libshm (torch_shm_manager and the client side in libshm.so)
 
-    protocol.py    what the manager hears: request lines, names, options  (socket.h, alloc_info.h)
-    connection.py  one connection: REGISTER, FREE, STATUS, WATCH          (socket.h ClientSocket)
-    client.py      this process's managers: start lazily, one client each  (core.cpp)
-    daemon.py      the daemon itself: its loop, grace clock, shutdown     (manager.cpp)
-    requests.py    what REGISTER, FREE, STATUS, WATCH, BYE do; events      (manager.cpp)
-    conns.py       one accepted connection: inbox, outbox, back-pressure  (ClientSession)
-    liveness.py    which members live: SO_PEERCRED pids, pidfd, start time  (torch: none)
-    eventlog.py    events.jsonl, size-capped and rotated; refusal rate limit (torch: none)
-    faults.py      stalls, observer floods, big STATUS: for tests and stress (torch: none)
-    __main__.py    ``python -m shmlab.manager [--grace S] [--max-clients N]`` runs the daemon
+Client side (runs in every process that shares with file_system):
+    client.py       this process's managers: ManagerClient (REGISTER, FREE, STATUS), one per
+                    manager, started lazily and forgotten on fork; watch() and peek_status()
+                    observe a manager without keeping it alive   (core.cpp, socket.h ClientSocket)
+    peer.py         is a handle a shmlab manager of our own user? (manager.cpp's uid check)
+    errors.py       ManagerError, NotAManagerError                (the runtime_errors libshm throws)
+Both sides:
+    protocol.py     what the manager hears: request lines, names, options (socket.h, alloc_info.h)
+Daemon side (runs in `python -m shmlab.manager`, started by client.py):
+    daemon.py       Manager: torch's story (REGISTER, FREE, grace, unlink), then its extensions
+                    (paged STATUS, WATCH and events, fair service); main()       (manager.cpp)
+    daemon_conn.py  one accepted connection: inbox, outbox, back-pressure      (ClientSession)
+    liveness.py     which members live: SO_PEERCRED pids, pidfd, start time    (torch: none)
+    eventlog.py     events.jsonl, size-capped and rotated; refusal rate limit  (torch: none)
+    __main__.py     ``python -m shmlab.manager [--grace S] [--max-clients N]`` runs the daemon
+Not part of either: faults.py, stalls, observer floods and big STATUS for tests and stress.
 
-Nothing is imported here: ``storage`` imports ``client`` only when a process first shares a
-storage with the file_system strategy, and the daemon imports only what it serves with.
+Nothing is imported here. ``shmlab.storage`` imports ``client`` at import time (see Note
+[Forking while the first share is in flight] in storage.py); daemon.py imports nothing from
+the client side.
 """

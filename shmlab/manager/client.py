@@ -1,43 +1,350 @@
-"""This process's managers: start the daemon lazily, keep one client per manager, forget on fork.
+"""This process's connections to shm managers: one client per manager, started lazily.
 
 Mirrors: torch/lib/libshm/core.cpp (start_manager, get_manager_socket, the `managers` map)
+and socket.h (ClientSocket: register_allocation, register_deallocation)
 
-One connection per manager per process. `get_client()` with no handle returns this process's
-default manager, starting `python -m shmlab.manager` on first use; `get_client(handle)`
-connects to the manager a sender named in its pickle. A fork child inherits the parent's
-default manager but opens its own connection, so the manager sees every process separately.
-The connection itself (ManagerClient, ManagerError) is `connection.py`, watch and peek_status
-`observer.py`; their names are re-exported here, so `shmlab.manager.client` is the one name
-callers import.
+Client side. Three parts, in this order:
+  * ManagerClient: one UNIX-socket connection from this process to one manager, which keeps
+    the manager serving while it is open: REGISTER, FREE, STATUS over it;
+  * watch() and peek_status(): connections that observe a manager and never keep it alive
+    (extensions: torch_shm_manager has no events and no STATUS);
+  * the per-process table: `get_client()` with no handle returns this process's default
+    manager, starting `python -m shmlab.manager` on first use; `get_client(handle)` connects
+    to the manager a sender named in its pickle. A fork child inherits the parent's default
+    manager but opens its own connection, so the manager sees every process separately.
+What a handle must be before we talk to it is peer.py; the exceptions are errors.py; the
+daemon at the other end is daemon.py.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import selectors
+import socket
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 
-import shmlab
+from .errors import ManagerError, NotAManagerError
+from .peer import check_path, check_peer
+from .protocol import DAEMON_MODULE, MAX_STATUS_PAGE, STATUS_PAGE, parse_name
 
-from .connection import ManagerClient, ManagerError, NotAManagerError
-from .observer import peek_status, watch
-from .protocol import DAEMON_MODULE
+__all__ = ["ManagerClient", "get_client", "peek_status", "reset", "watch"]
 
-__all__ = ["ManagerClient", "ManagerError", "NotAManagerError", "get_client", "peek_status",
-           "reset", "watch"]
+REPLY_TIMEOUT_S = 1.0  # torch's ClientSocket waits 1000 ms for the manager's "OK"
+CONNECT_TIMEOUT_S = 5.0  # how long a full listen queue may keep us waiting
 
-START_TIMEOUT_S = 30.0  # a cold Python start on a loaded machine can take seconds
+# Note [When the manager is gone]
+# A killed manager (SIGKILL, OOM killer) cannot be brought back under the same handle: the
+# handle is its socket path, already pickled into messages in flight, and a fresh daemon would
+# not know the names the old one had registered. So, like torch, we do NOT restart silently:
+#   * segments already mapped keep working (file_system keeps no fd; nothing gets unlinked);
+#   * `free()` is best effort and stays silent (a finalizer must not raise);
+#   * `register()`, `status()` and connecting raise ManagerError, which says what to do next:
+#     `reset()` forgets the dead manager so the next allocation starts a fresh one (names the
+#     old one held will not be reclaimed: remove /dev/shm/shmlab_* of dead processes by hand).
+# A restart would hide exactly the fact the lab teaches: the leak cleaner is no longer watching.
+
+# Note [A slow reply is not "I left"]
+# A request that gets no answer within REPLY_TIMEOUT_S raises ManagerError, as torch's does,
+# but the connection stays open: closing it would tell the manager "this process left", and
+# with the family's only client gone a stalled manager (SIGSTOP 2.2 s) would wake up, start
+# its grace period and unlink segments that are still in use. Replies come back in the order
+# of the requests (one line per REGISTER or STATUS, none for FREE or BYE), so we count the
+# answers we stopped waiting for (`_owed`) and skip that many lines before reading the next
+# answer: a late "OK" is never taken for the answer to a later request. torch keeps the fd
+# too, but reads its late "OK" as the next answer (every answer is "OK", so it gets away with
+# it). Only end of file or a reset closes the connection here; close() says BYE first, so
+# the manager knows the difference between "left" and "dropped" (see liveness.py).
+
+# Note [What a receiver tells the manager]
+# torch's client sends a line for every attach and every close, and its C++ manager spends
+# microseconds on each. Ours is Python: every line wakes it for a parse, an event and a log
+# write, on the same cores the tensors are moving on, and a receiver's two lines per tensor
+# were the largest cost of an already-shared file_system send after the refcount lock
+# (docs/benchmarks.md). So a client sends only the lines that change what the manager knows:
+#   * a new name: the creator's REGISTER, which waits for "OK" before the name is pickled;
+#   * a process joining: its first line on a connection makes it a member (liveness.py);
+#   * the FREE of the holder whose decref unlinked the file: the manager forgets the name.
+# A receiver's REGISTER of a name its creator already registered, and the FREE of a holder
+# that leaves others behind ("still exists, kept registered"), change nothing, so they are
+# not sent. The one a receiver does send, `join(name)`, need not wait either: it cannot be
+# overtaken (one connection's lines are served in order, an open connection alone holds off
+# the reclaim, and lines sent before we die are still served), so its "OK" is counted as
+# owed and skipped by the next request. Not waiting also spares the socket a switch to
+# non-blocking and back: it keeps one timeout, REPLY_TIMEOUT_S.
+
+
+def _gone(handle: bytes, why: object) -> ManagerError:
+    return ManagerError(
+        f"the shmlab manager at {handle.decode(errors='replace')} is not answering ({why}); it "
+        "exited, was killed or is stuck. Segments already mapped keep working, but no new "
+        "file_system segment can be registered with it. Next: call "
+        "shmlab.manager.client.reset() so the next allocation starts a fresh manager, or use "
+        "the 'file_descriptor' strategy."
+    )
+
+
+def _slow(handle: bytes, line: str, why: object) -> ManagerError:
+    return ManagerError(
+        f"the shmlab manager at {handle.decode(errors='replace')} is not answering "
+        f"{line.split()[0]} ({why}); it is stuck or very busy. The connection stays open and "
+        "the manager keeps this process's segments while it lives, so the next request may "
+        "well work. If it never recovers, shmlab.manager.client.reset() starts a fresh one."
+    )
+
+
+def _bare(name: str | bytes) -> str:
+    """'/shmlab_1_2_3' or b'shmlab_1_2_3' -> 'shmlab_1_2_3'; ValueError for anything else."""
+    if isinstance(name, bytes):
+        name = name.decode("ascii", "replace")
+    if not isinstance(name, str):
+        raise TypeError(f"segment name must be str or bytes, got {type(name).__name__}")
+    return parse_name(name)
+
+
+def _connect(handle: bytes) -> socket.socket:
+    # A UNIX socket whose listen queue is full answers EAGAIN at once instead of waiting
+    # (a burst of processes connecting together): try again for a while before giving up.
+    check_path(handle)  # see Note [Checking a handle before talking to it]
+    deadline = time.monotonic() + CONNECT_TIMEOUT_S
+    while True:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(REPLY_TIMEOUT_S)
+        try:
+            sock.connect(handle)  # bytes: a forged handle need not be valid UTF-8
+            check_peer(sock, handle)
+            return sock
+        except BlockingIOError as exc:
+            sock.close()
+            if time.monotonic() > deadline:
+                raise _gone(handle, exc) from exc
+            time.sleep(0.01)
+        except OSError as exc:
+            sock.close()
+            raise _gone(handle, exc) from exc
+        except NotAManagerError:
+            sock.close()
+            raise
+
+
+class ManagerClient:
+    """This process's connection to one manager; thread-safe (a Queue feeder thread pickles)."""
+
+    def __init__(self, handle: bytes):
+        if not isinstance(handle, bytes):
+            raise TypeError(f"manager handle must be bytes (a socket path), got {handle!r}")
+        self.handle = handle
+        self._lock = threading.Lock()
+        self._buf = b""
+        self._owed = 0  # replies to requests that timed out, still to come: skip them
+        self._member = False  # this connection has sent REGISTER or FREE: the manager keeps us
+        self._sock: socket.socket | None = _connect(handle)
+
+    @property
+    def closed(self) -> bool:
+        return self._sock is None
+
+    def register(self, name: str | bytes) -> None:
+        """Tell the manager to reclaim `name` if this process family dies; waits for OK (1 s)."""
+        reply = self._request(f"REGISTER {os.getpid()} {_bare(name)}")
+        if reply != "OK":
+            raise ManagerError(f"the manager refused to register {name!r}: {reply}")
+        self._member = True
+
+    def join(self, name: str | bytes) -> None:
+        """A receiver attaching `name`, which its creator registered: become a member if we
+        are not one yet, without waiting (see Note [What a receiver tells the manager])."""
+        if not self._member:
+            self._post(f"REGISTER {os.getpid()} {_bare(name)}")
+            self._member = True
+
+    def free(self, name: str | bytes) -> None:
+        """Tell the manager we let go of `name` (no reply; silent if the manager is gone)."""
+        line = f"FREE {os.getpid()} {_bare(name)}\n".encode()
+        with self._lock:
+            if self._sock is not None:
+                try:
+                    self._send_locked(line)
+                    self._member = True
+                except OSError:  # gone (see Note [When the manager is gone]) or stuck: a
+                    self._close_locked()  # half-sent line cannot be taken back, so close;
+                    # the manager keeps our segments while this process lives (liveness.py)
+
+    def status(self, max_names: int | None = None) -> dict:
+        """The manager's STATUS: pid, clients, members, observers, grace_s, count and
+        segments: every registered name, sorted (or the first `max_names`), fetched a page
+        at a time so no single answer is large (not atomic across pages)."""
+        names: set[str] = set()
+        offset = 0
+        while True:
+            want = MAX_STATUS_PAGE if max_names is None else min(MAX_STATUS_PAGE,
+                                                                 max_names - len(names))
+            page = json.loads(self._request(f"STATUS {offset} {max(want, 0)}"))
+            names.update(page["segments"])
+            offset = page["next"]
+            if offset is None or (max_names is not None and len(names) >= max_names):
+                break
+        page["segments"] = sorted(names)
+        return page
+
+    def watch(self, timeout: float | None = None) -> Iterator[dict]:
+        """Events from this client's manager, on a separate observer connection (`watch`)."""
+        return watch(self.handle, timeout)
+
+    def close(self) -> None:
+        """Say BYE and close the connection (safe twice): this process has left."""
+        with self._lock:
+            if self._sock is not None:
+                with contextlib.suppress(OSError):  # best effort: never block, never raise
+                    self._sock.setblocking(False)
+                    self._sock.send(b"BYE\n")
+            self._close_locked()
+
+    def _close_locked(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock, self._buf, self._owed, self._member = None, b"", 0, False
+
+    def _request(self, line: str) -> str:
+        with self._lock:
+            if self._sock is None:
+                raise ManagerError("this ManagerClient is closed (by close(), or after its "
+                                   "manager stopped answering): get_client(handle) reconnects; "
+                                   "if that manager is gone, reset() starts a fresh one")
+            deadline = time.monotonic() + REPLY_TIMEOUT_S
+            try:
+                self._send_locked(line.encode() + b"\n")
+            except OSError as exc:  # TimeoutError too: part of the line may be out, so the
+                self._close_locked()  # stream is no longer ours to use (see free())
+                raise _gone(self.handle, exc) from exc
+            try:
+                self._owed += 1  # ours, until it has come (see Note [A slow reply ...])
+                while True:
+                    reply = self._readline(deadline)
+                    self._owed -= 1
+                    if self._owed == 0:
+                        return reply
+            except TimeoutError as exc:  # stalled or busy, not gone: stay connected
+                raise _slow(self.handle, line, exc) from exc
+            except OSError as exc:  # end of file or reset: the manager is gone
+                self._close_locked()
+                raise _gone(self.handle, exc) from exc
+
+    def _post(self, line: str) -> None:
+        """Send a request whose answer we do not wait for: skipped like a late one (`_owed`)."""
+        with self._lock:
+            if self._sock is None:
+                raise ManagerError("this ManagerClient is closed: get_client(handle) reconnects")
+            try:
+                self._send_locked(line.encode() + b"\n")
+            except OSError as exc:  # as in _request: a half-sent line ends this connection
+                self._close_locked()
+                raise _gone(self.handle, exc) from exc
+            self._owed += 1
+
+    def _send_locked(self, data: bytes) -> None:
+        self._sock.sendall(data)  # under the socket's REPLY_TIMEOUT_S: a full buffer can't hang us
+
+    def _readline(self, deadline: float) -> str:
+        try:
+            while b"\n" not in self._buf:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"no reply within {REPLY_TIMEOUT_S} s")
+                self._sock.settimeout(left)
+                chunk = self._sock.recv(4096)
+                if not chunk:
+                    raise ConnectionResetError("the manager closed the connection")
+                self._buf += chunk
+        finally:
+            if self._sock is not None:
+                self._sock.settimeout(REPLY_TIMEOUT_S)  # what _send_locked counts on
+        line, _, self._buf = self._buf.partition(b"\n")
+        return line.decode("ascii", "replace")
+
+
+# -- observers: watch() and peek_status() (extensions; torch has no events and no STATUS) ------
+# Both open connections of their own that never keep the manager alive (an observer is not a
+# client; see Note [Who keeps the manager alive] in daemon.py).
+
+
+def watch(handle: bytes, timeout: float | None = None) -> Iterator[dict]:
+    """Subscribe now, then yield the manager's events (dicts) until it exits (end of file).
+
+    An observer never keeps the manager alive. We send STATUS right after WATCH and wait for
+    its answer, so when this returns no later event can be missed. `timeout` bounds each wait
+    for an event (TimeoutError), so a widget or a test cannot hang on a quiet manager. The
+    stream ends after the "exiting" event; one that ends without it means the manager died,
+    or dropped us for falling 256 KiB behind (daemon_conn.py): watch() again to resubscribe.
+    """
+    sock = _connect(handle)
+    reader = sock.makefile("rb")  # the fd really closes once both reader and sock are closed
+    try:
+        sock.sendall(b"WATCH\nSTATUS 0 0\n")  # the answer only marks "subscribed": no names
+        early = []  # events that raced ahead of the STATUS answer
+        for line in reader:
+            if not line.startswith(b"{"):  # e.g. "ERR too many observers (64)"
+                raise ManagerError(f"the manager refused WATCH: {line.decode(errors='replace')!r}")
+            message = json.loads(line)
+            if "event" not in message:
+                break  # the STATUS answer: we are subscribed
+            early.append(message)
+        sock.settimeout(timeout)
+    except ManagerError:
+        reader.close()
+        sock.close()
+        raise
+    except OSError as exc:
+        reader.close()
+        sock.close()
+        raise _gone(handle, exc) from exc
+    return _follow(sock, reader, early)
+
+
+def _follow(sock: socket.socket, reader, early: list[dict]) -> Iterator[dict]:
+    try:
+        yield from early
+        for line in reader:
+            yield json.loads(line)
+    finally:
+        reader.close()
+        sock.close()
+
+
+def peek_status(handle: bytes, max_names: int = STATUS_PAGE) -> dict:
+    """STATUS on a fresh connection that is closed at once: for probes and widgets, which
+    must not keep a manager alive (see Note [Who keeps the manager alive] in daemon.py).
+    One page: "count" says how many names there are, "segments" holds the first
+    `max_names` of them (at most MAX_STATUS_PAGE); ManagerClient.status() pages through all."""
+    sock = _connect(handle)
+    try:
+        sock.sendall(f"STATUS 0 {max(0, min(max_names, MAX_STATUS_PAGE))}\n".encode())
+        with sock.makefile("rb") as reader:
+            line = reader.readline()
+    except OSError as exc:
+        raise _gone(handle, exc) from exc
+    finally:
+        sock.close()
+    if not line.startswith(b"{"):  # e.g. "ERR too many connections"
+        raise ManagerError(f"the manager refused STATUS: {line.decode(errors='replace')!r}")
+    return json.loads(line)
+
 
 # -- the per-process table (torch: the `managers` map in core.cpp) -----------------------------
+START_TIMEOUT_S = 30.0  # a cold Python start on a loaded machine can take seconds
+
 _lock = threading.Lock()
 _clients: dict[bytes, ManagerClient] = {}
 _default: bytes | None = None  # the first manager this process (or its fork parent) knew
 _started: list[subprocess.Popen] = []  # managers we started, reaped once they exit
 
-# Note [Forking while the first share is in flight] (the manager half; see storage.py)
+# Note [Forking while a manager starts]
+# (The manager half of Note [Forking while the first share is in flight] in storage.py.)
 # The first file_system share usually runs in a Queue's feeder thread, so the manager is
 # started there while the main thread may fork (Process.start() right after q.put()). Popen
 # opens two pipes in this process: its exec-error pipe (EOF once the manager has exec'd) and
@@ -91,11 +398,11 @@ def _start_manager() -> bytes:
     """Start `python -m shmlab.manager` and read its one handshake line (torch: start_manager)."""
     _started[:] = [p for p in _started if p.poll() is None]  # reap managers that exited
     env = dict(os.environ)  # make sure the daemon imports this very shmlab
-    package_parent = os.path.dirname(os.path.dirname(os.path.abspath(shmlab.__file__)))
+    package_parent = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_parent, env.get("PYTHONPATH")]))
     # stderr goes nowhere: an inherited pipe would keep e.g. subprocess.run(capture_output=True)
     # of our starter waiting until the daemon exits. Failures come back on the handshake line.
-    with _start_lock:  # see Note [Forking while the first share is in flight]
+    with _start_lock:  # see Note [Forking while a manager starts]
         proc = subprocess.Popen([sys.executable, "-m", DAEMON_MODULE], stdin=subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
         try:

@@ -2,10 +2,10 @@
 
 Mirrors: torch/lib/libshm/manager.cpp (torch_shm_manager)
 
-Run as `python -m shmlab.manager [--grace S] [--max-clients N] [--max-observers N]
-[--log-bytes B]`; the first file_system allocation of a process family starts it (see
-`shmlab.manager.client`). It prints one line on stdout, the socket path or `ERROR: ...`, then
-serves a text protocol, one line per message:
+Daemon side (the client side is client.py). Run as `python -m shmlab.manager [--grace S]
+[--max-clients N] [--max-observers N] [--log-bytes B]`; the first file_system allocation of a
+process family starts it (`shmlab.manager.client`). It prints one line on stdout, the socket
+path or `ERROR: ...`, then serves a text protocol, one line per message:
 
     REGISTER <pid> <name>  -> OK | ERR <reason>     (the name is now ours to reclaim)
     FREE <pid> <name>      -> (no reply)            (dropped only if the segment is gone)
@@ -16,15 +16,33 @@ serves a text protocol, one line per message:
                               STATUS still works on it, so its answer marks "subscribed"
     BYE                    -> (no reply) this process leaves: see liveness.py
 
-Every event is also appended to <dir>/events.jsonl (bounded: eventlog.py) as `{"t", "event",
-"pid", "name", "reason"}` with event one of started|joined|left|exited|registered|freed|
-refused|reclaimed|exiting. The parts: protocol.py (lines), conns.py (one connection's
-buffers), liveness.py (which members live), eventlog.py (the log).
+The story torch's manager.cpp tells, and the Manager methods that tell it here, in order:
+  1. main(): bind a socket in a fresh 0700 directory, print its path, serve;
+  2. accept(): a process connects (SO_PEERCRED names it; another uid is refused);
+  3. handle() -> register(): "REGISTER" makes a name ours to reclaim, answered "OK";
+     handle() -> free(): "FREE" forgets a name whose file is gone (its last holder unlinked it);
+  4. drop(): a connection closes; maybe_start_grace(): the last one gone starts the grace
+     clock (torch: SHUTDOWN_TIMEOUT, 2 s), and anybody coming back stops it;
+  5. serve(): poll, a turn() at a time, until the grace runs out with nobody back;
+  6. shutdown(): unlink every name still registered, then exit.
+
+Extensions around it (torch has none), each in its own section of Manager after the story:
+  * liveness (liveness.py): a member leaves by BYE or by dying, not by closing a socket;
+  * STATUS, a page at a time: status();
+  * events: event() appends to <dir>/events.jsonl (bounded: eventlog.py) `{"t", "event",
+    "pid", "name", "reason"}`, event one of started|joined|left|exited|registered|freed|
+    refused|reclaimed|exiting, and queues it to WATCH observers;
+  * service no peer can stall: buffered replies and back-pressure (daemon_conn.py), a budget
+    of lines per turn (serve_lines, watch_conn), limits (max clients, max observers,
+    MAX_SEGMENTS, MAX_BAD_LINES, a spare fd for a full fd table).
+Lines of the story's methods that serve an extension say "extension".
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
+import json
 import os
 import resource
 import selectors
@@ -37,15 +55,15 @@ import time
 from collections import Counter
 
 from .._shm import SHM_DIR
-from .conns import CLIENT_HIGH_WATER, Conn, LineTooLong
+from .daemon_conn import CLIENT_HIGH_WATER, MAX_BAD_LINES, Conn, LineTooLong
 from .eventlog import EventLog
 from .liveness import Members
-from .protocol import parse_options, segment_exists
-from .requests import Requests
+from .protocol import parse_options, parse_request, segment_exists
 
 LINES_PER_TURN = 16  # see Note [Fair service]
 ACCEPTS_PER_TURN = 16
 LIVENESS_POLL_S = 0.1  # how often we look at members that left without BYE
+MAX_SEGMENTS = 1 << 18  # a runaway client must not grow our memory without bound
 
 
 # Note [Who keeps the manager alive]
@@ -65,7 +83,9 @@ LIVENESS_POLL_S = 0.1  # how often we look at members that left without BYE
 # names per call, just a slice of the registration order; so is every reply.
 
 
-class Manager(Requests):
+class Manager:
+    """One daemon: its listening socket, its connections, the names it will reclaim."""
+
     def __init__(self, grace_s: float, max_clients: int, max_observers: int = 64,
                  log_bytes: int = 4 << 20):
         self.grace_s, self.max_clients, self.max_observers = grace_s, max_clients, max_observers
@@ -91,19 +111,15 @@ class Manager(Requests):
         # One fd held in reserve, so that with a full fd table we can still accept-and-refuse.
         self.spare_fd = os.open(os.devnull, os.O_RDONLY)
 
-    def set_kind(self, conn: Conn, kind: str) -> None:
-        self.kinds[conn.kind] -= 1
-        self.kinds[kind] += 1
-        conn.kind = kind
+    # == torch's story: connect, REGISTER, FREE, leave, grace, unlink ----------------------
 
-    # -- connections ----------------------------------------------------------------------
     def accept(self) -> None:
         try:
             sock, _ = self.server.accept()
         except (BlockingIOError, InterruptedError):
             return
-        except OSError as exc:  # EMFILE: our fd table is full. Left waiting, the caller
-            os.close(self.spare_fd)  # would wake us forever; free the spare fd, take it, say no
+        except OSError as exc:  # extension: EMFILE, our fd table is full. Left waiting, the
+            os.close(self.spare_fd)  # caller would wake us forever: free the spare, take, refuse
             with contextlib.suppress(OSError):
                 self.refuse_and_close(self.server.accept()[0], None, f"out of fds ({exc})")
             self.spare_fd = os.open(os.devnull, os.O_RDONLY)
@@ -120,12 +136,58 @@ class Manager(Requests):
             self.kinds["new"] += 1
             self.sel.register(sock, conn.mask, conn)
 
-    def refuse_and_close(self, sock: socket.socket, pid: int | None, reason: str) -> None:
-        self.event("refused", pid=pid, reason=reason)
-        with contextlib.suppress(OSError):
-            sock.setblocking(False)
-            sock.send(f"ERR {reason}\n".encode())
-        sock.close()
+    def handle(self, conn: Conn, line: bytes) -> None:
+        """One complete line from `conn`: queue its reply (daemon_conn.py sends it later)."""
+        try:
+            cmd, pid, arg = parse_request(line)
+            if cmd == "WATCH" and conn.kind != "new":  # a client must not stop counting
+                raise ValueError("WATCH must be the first line of a connection")
+        except ValueError as exc:  # extension: a bad line is refused, and costs the peer
+            conn.bad_lines += 1
+            self.refused(conn, str(exc))
+            if not line.startswith(b"FREE"):  # FREE gets no reply, good or bad (like torch)
+                conn.queue(f"ERR {exc}")
+            if conn.bad_lines >= MAX_BAD_LINES:
+                conn.doomed = f"{MAX_BAD_LINES} bad lines: closed"
+            return
+        if cmd in ("REGISTER", "FREE"):  # torch's two requests
+            conn.said_bye = False  # extension: registering again after a BYE: back as a member
+            if conn.kind == "new":
+                self.set_kind(conn, "client")
+                self.members.joined(conn.pid)  # extension: liveness.py
+                self.deadline = None
+                self.event("joined", pid=conn.pid)
+            (self.register if cmd == "REGISTER" else self.free)(conn, pid, arg)
+        elif cmd == "STATUS":  # extensions from here on: status() and the sections below
+            conn.queue(self.status(*arg))
+        elif cmd == "BYE":
+            conn.said_bye = True
+        else:  # WATCH
+            if self.kinds["observer"] >= self.max_observers:
+                conn.queue(f"ERR too many observers ({self.max_observers})")
+                conn.doomed = f"too many observers ({self.max_observers})"
+            else:
+                self.set_kind(conn, "observer")
+
+    def register(self, conn: Conn, pid: int, name: str) -> None:
+        if len(self.segments) >= MAX_SEGMENTS and name not in self.segments:
+            self.refused(conn, "too many segments", name=name)
+            conn.queue(f"ERR too many segments ({MAX_SEGMENTS})")
+            return
+        self.segments[name] = None
+        self.event("registered", pid=pid, name=name)
+        conn.queue("OK")
+
+    def free(self, conn: Conn, pid: int, name: str) -> None:
+        if name not in self.segments:
+            self.refused(conn, "FREE of a name never registered", name=name)
+        elif segment_exists(name):
+            # One process let go, but the file is still there: another process may hold it
+            # (torch: "object still exists"). Keep it; the reclaim at exit will decide.
+            self.event("freed", pid=pid, name=name, reason="still exists, kept registered")
+        else:
+            del self.segments[name]
+            self.event("freed", pid=pid, name=name)
 
     def drop(self, conn: Conn, reason: str | None = None, broadcast: bool = True) -> None:
         if self.conns.pop(conn.sock, None) is None:
@@ -137,7 +199,7 @@ class Manager(Requests):
             self.sel.unregister(conn.sock)
         conn.sock.close()
         if conn.kind == "client":
-            self.members.left(conn.pid, conn.said_bye)
+            self.members.left(conn.pid, conn.said_bye)  # extension: leaving is BYE or death
             kept = not conn.said_bye and conn.pid in self.members.kept_alive()
             self.event("left", pid=conn.pid, reason="closed without BYE: kept while the "
                        "process lives" if kept else None)
@@ -150,39 +212,9 @@ class Manager(Requests):
         else:
             self.deadline = None
 
-    def watch_conn(self, conn: Conn) -> None:
-        """Tell the selector what this connection waits for now (nothing: unregistered)."""
-        mask = conn.wanted_mask()
-        if mask != conn.mask:
-            if not conn.mask:
-                self.sel.register(conn.sock, mask, conn)
-            elif not mask:
-                self.sel.unregister(conn.sock)
-            else:
-                self.sel.modify(conn.sock, mask, conn)
-            conn.mask = mask
-
-    # -- lines in, replies out -----------------------------------------------------------
-    def serve_lines(self, conn: Conn) -> None:
-        """Up to LINES_PER_TURN lines of this connection (all of them once it hung up)."""
-        budget = LINES_PER_TURN if not conn.eof else sys.maxsize
-        while (budget > 0 and conn.sock in self.conns and not conn.doomed
-               and len(conn.outbox) < CLIENT_HIGH_WATER):
-            try:
-                line = conn.next_line()
-            except LineTooLong as exc:  # no honest client sends this: cut it off
-                return self.drop(conn, str(exc))
-            if line is None:
-                break
-            budget -= 1
-            self.handle(conn, line)
-        if conn.eof and conn.sock in self.conns:  # the peer closed or died
-            self.drop(conn, "disconnected in the middle of a line" if conn.inbox else None)
-
-    # -- main loop and shutdown -----------------------------------------------------------
     def serve(self) -> None:
         while True:
-            for pid in self.members.prune():  # a member that left without BYE has died
+            for pid in self.members.prune():  # extension: a member gone without BYE died
                 self.event("exited", pid=pid)
                 self.maybe_start_grace()
             busy = any(c.has_line() and len(c.outbox) < CLIENT_HIGH_WATER
@@ -246,6 +278,82 @@ class Manager(Requests):
             self.members.close()
             self.log.close()
             shutil.rmtree(self.dir, ignore_errors=True)
+
+    # == extension: STATUS, a page at a time -----------------------------------------------
+
+    def status(self, offset: int, limit: int) -> str:
+        page = sorted(itertools.islice(self.segments, offset, offset + limit))
+        end = offset + len(page)
+        return json.dumps({"pid": os.getpid(), "clients": self.kinds["client"],
+                           "members": len(self.members.kept_alive()),
+                           "observers": self.kinds["observer"], "grace_s": self.grace_s,
+                           "count": len(self.segments), "offset": offset, "segments": page,
+                           "next": end if end < len(self.segments) else None})
+
+    # == extension: events, logged and queued to WATCH observers (never sent from here) ----
+
+    def event(self, kind: str, pid: int | None = None, name=None, reason=None,
+              broadcast: bool = True) -> None:
+        line = json.dumps({"t": time.time(), "event": kind, "pid": pid, "name": name,
+                           "reason": reason})
+        self.log.write(line)
+        if broadcast and self.kinds["observer"]:
+            for conn in self.conns.values():
+                if conn.kind == "observer" and not conn.doomed:
+                    conn.queue(line)
+
+    def refused(self, conn: Conn, reason: str, name=None) -> None:
+        """A "refused" event, at most a burst and then a few a second per connection."""
+        if conn.refusals.allow():
+            more = conn.refusals.take_suppressed()
+            self.event("refused", pid=conn.pid, name=name,
+                       reason=f"{reason} (+{more} more refused, not logged)" if more else reason)
+
+    # == extension: connection kinds, and refusing at the door -----------------------------
+    # A connection is 'new' until REGISTER/FREE make it a client or WATCH an observer
+    # (see Note [Who keeps the manager alive]).
+
+    def set_kind(self, conn: Conn, kind: str) -> None:
+        self.kinds[conn.kind] -= 1
+        self.kinds[kind] += 1
+        conn.kind = kind
+
+    def refuse_and_close(self, sock: socket.socket, pid: int | None, reason: str) -> None:
+        self.event("refused", pid=pid, reason=reason)
+        with contextlib.suppress(OSError):
+            sock.setblocking(False)
+            sock.send(f"ERR {reason}\n".encode())
+        sock.close()
+
+    # == extension: service no peer can stall (Note [Fair service], daemon_conn.py) --------
+
+    def serve_lines(self, conn: Conn) -> None:
+        """Up to LINES_PER_TURN lines of this connection (all of them once it hung up)."""
+        budget = LINES_PER_TURN if not conn.eof else sys.maxsize
+        while (budget > 0 and conn.sock in self.conns and not conn.doomed
+               and len(conn.outbox) < CLIENT_HIGH_WATER):
+            try:
+                line = conn.next_line()
+            except LineTooLong as exc:  # no honest client sends this: cut it off
+                return self.drop(conn, str(exc))
+            if line is None:
+                break
+            budget -= 1
+            self.handle(conn, line)
+        if conn.eof and conn.sock in self.conns:  # the peer closed or died
+            self.drop(conn, "disconnected in the middle of a line" if conn.inbox else None)
+
+    def watch_conn(self, conn: Conn) -> None:
+        """Tell the selector what this connection waits for now (nothing: unregistered)."""
+        mask = conn.wanted_mask()
+        if mask != conn.mask:
+            if not conn.mask:
+                self.sel.register(conn.sock, mask, conn)
+            elif not mask:
+                self.sel.unregister(conn.sock)
+            else:
+                self.sel.modify(conn.sock, mask, conn)
+            conn.mask = mask
 
     def last_flush(self, within: float) -> None:
         """Give observers up to `within` seconds to take what is queued for them."""

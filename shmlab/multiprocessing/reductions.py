@@ -23,7 +23,7 @@ from multiprocessing import reduction
 from multiprocessing.util import register_after_fork
 
 from .._shm import FILE_SYSTEM, SHM_DIR
-from ..manager.client import NotAManagerError
+from ..manager.errors import NotAManagerError
 from ..storage import UntypedStorage
 from ..tensor import Tensor
 

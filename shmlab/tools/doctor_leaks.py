@@ -13,8 +13,8 @@ import pwd
 import time
 
 from .. import introspect
-from ..manager.connection import ManagerError
-from ..manager.observer import peek_status
+from ..manager.client import peek_status
+from ..manager.errors import ManagerError
 from .doctor_checks import Finding, mib
 
 # A segment younger than this may be a message in flight: its creator sent the name and exited,

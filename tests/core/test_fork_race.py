@@ -7,7 +7,7 @@ thread interleave finely. Before the fix shmlab hung in about 3 runs in 10 (the 
 on the import lock of a lazily imported module) and, with only that fixed, in 6 in 20 (the
 child held the write end of Popen's exec-error pipe while the feeder waited on it, and the
 manager's grace ran out: ManagerError ENOENT). See Note [Forking while the first share is in
-flight] in shmlab/storage.py and shmlab/manager/client.py.
+flight] in shmlab/storage.py and Note [Forking while a manager starts] in client.py.
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ import pytest
 from support.managers import exists
 
 from shmlab.manager import client as mc
+from shmlab.manager.errors import ManagerError
 
 
 # -- the client ---------------------------------------------------------------------------------
@@ -60,7 +61,7 @@ def test_registration_times_out_after_one_second_when_the_manager_stalls(fresh_c
     os.kill(pid, signal.SIGSTOP)
     try:
         start = time.monotonic()
-        with pytest.raises(mc.ManagerError, match="not answering.*reset"):
+        with pytest.raises(ManagerError, match="not answering.*reset"):
             client.register(segment())
         assert time.monotonic() - start < 10  # loose on purpose: "gave up", not "hung"
     finally:
@@ -82,9 +83,9 @@ def test_killed_manager_leaves_segments_and_the_client_says_what_to_do(fresh_cli
         proc.wait(5)
     assert exists(name)  # nothing reclaimed: the segment still works for whoever maps it
     client.free(name)  # best effort, silent: a storage finalizer calls this
-    with pytest.raises(mc.ManagerError, match="reset"):
+    with pytest.raises(ManagerError, match="reset"):
         client.register(name)
-    with pytest.raises(mc.ManagerError, match="exited, was killed"):
+    with pytest.raises(ManagerError, match="exited, was killed"):
         mc.get_client()  # this process's manager is that dead one: no silent restart
     mc.reset()  # the documented way forward: forget it, start afresh
     fresh = mc.get_client()

@@ -26,6 +26,7 @@ import pytest
 from support.managers import GRACE, SHM, exists
 
 from shmlab.manager import client as mc
+from shmlab.manager.errors import ManagerError
 
 
 # -- helpers ------------------------------------------------------------------------------------
@@ -127,7 +128,7 @@ def status_once_served(path: str, within: float = 5) -> dict:
     while True:
         try:
             return status(path)
-        except mc.ManagerError:  # refused: "ERR too many connections", or a reset
+        except ManagerError:  # refused: "ERR too many connections", or a reset
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.05)
@@ -396,7 +397,7 @@ def test_bad_options_answer_on_the_handshake_line(fresh_client, monkeypatch):
                          capture_output=True, text=True, timeout=10)
     assert out.returncode == 1 and out.stdout.startswith("ERROR: --grace")
     monkeypatch.setenv("SHMLAB_MANAGER_GRACE", "soon")
-    with pytest.raises(mc.ManagerError, match="could not start.*SHMLAB_MANAGER_GRACE"):
+    with pytest.raises(ManagerError, match="could not start.*SHMLAB_MANAGER_GRACE"):
         mc.get_client()
 
 

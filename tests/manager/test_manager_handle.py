@@ -15,7 +15,7 @@ import threading
 
 import pytest
 
-from shmlab.manager.client import ManagerError, NotAManagerError
+from shmlab.manager.errors import ManagerError, NotAManagerError
 from shmlab.multiprocessing import reductions
 from shmlab.storage import UntypedStorage
 

@@ -20,8 +20,8 @@ import pytest
 
 from shmlab.manager import client as mc
 from shmlab.manager import faults
-from shmlab.manager.conns import MAX_BAD_LINES
 from shmlab.manager.daemon import Manager
+from shmlab.manager.daemon_conn import MAX_BAD_LINES
 
 GRACE = "0.3"
 

@@ -3,10 +3,13 @@
 Mirrors: ClientSession in torch/lib/libshm/manager.cpp (a socket and a pid), plus the
 buffering torch does not need (its only reply is a 2-byte "OK").
 
+Daemon side: only daemon.py uses it. An extension around torch's story (see daemon.py).
+
 Note [Replies are buffered, nobody is dropped for reading slowly]
-The manager is one thread serving everybody, so it never blocks on one peer. Before, a reply
-that did not fit the socket buffer at once cost the peer its connection, and with it (for
-the family's only client) every segment: 8,000 names in a STATUS answer were enough. Now:
+The manager is one thread serving everybody, so it never blocks on one peer; and it must not
+cut off a peer whose reply does not fit the socket buffer at once either, because a cut client
+(the family's only one, say) costs the family every segment, and one STATUS answer of 8,000
+names is enough to fill a buffer. So:
   * every reply or event is appended to the connection's outbox and sent when the socket is
     writable (the loop asks selectors for EVENT_WRITE while the outbox is not empty);
   * a client whose outbox passes CLIENT_HIGH_WATER is simply not read from until it has
@@ -14,8 +17,8 @@ the family's only client) every segment: 8,000 names in a STATUS answer were eno
     our memory stays bounded by one high-water mark and one reply per client;
   * an observer cannot be back-pressured (events happen anyway), so past OBSERVER_MAX its
     connection is closed after the loop turn, quietly: no event is broadcast about it (an
-    event about a dropped observer would go to the other observers, which may be slow too:
-    that recursion crashed the manager with 400 silent observers);
+    event about a dropped observer would go to the other observers, which may be slow too,
+    and so on: a recursion that 400 silent observers turn into a crash);
   * the inbox holds at most one recv() beyond the lines not yet served, because we stop
     reading while complete lines are waiting (see Note [Fair service] in daemon.py).
 """
