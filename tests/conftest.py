@@ -20,11 +20,15 @@ pytest_plugins = ["support.leakcheck", "pytester", "support.families", "support.
 # worker installing a Python while the others sat idle. So every worker (they must all agree on
 # the order) sorts its collection, stable, longest kind first: the installs, then notebook and
 # browser runs and the xdist groups (a whole group runs on one worker), then the `slow` tests,
-# then the rest. A run without workers keeps the folder order.
+# then the rest. Tests marked skip go last: each worker is handed two tests at the start, and
+# skipped installs ahead of the real ones once left two real installs queued on one worker.
+# A run without workers keeps the folder order.
 
 
 def _rank(item) -> int:
     marks = {m.name for m in item.iter_markers()}
+    if "skip" in marks:
+        return 4
     if "slow" in marks and item.nodeid.startswith("tests/pythons/"):
         return 0
     if marks & {"notebook", "browser", "xdist_group"}:
