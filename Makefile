@@ -68,7 +68,7 @@ test-pythons: setup
 	SHMLAB_PYTHONS=all $(PY) -m pytest $(XDIST) tests/pythons/test_pythons.py $(PYTEST_ARGS)
 
 bench: setup
-	$(PY) -m shmlab.bench handoff --plot docs/benchmarks.png
+	$(PY) -m shmlab bench handoff --plot docs/benchmarks.png
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

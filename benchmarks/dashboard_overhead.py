@@ -1,6 +1,6 @@
 """How much a live Dashboard (4 refreshes/s) slows the handoff benchmark running beside it.
 
-Runs ``shmlab.bench.handoff`` (sizes up to ``--max-bytes``, default 1 MiB) in this process,
+Runs ``shmlab.tools.bench.handoff`` (sizes up to ``--max-bytes``, default 1 MiB) in this process,
 ``--rounds`` times in each of three modes, taking turns (the order rotates every round, so
 drift in machine load hits every mode alike):
 

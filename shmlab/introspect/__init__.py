@@ -2,7 +2,8 @@
 
 The same probes read real torch (``torch_*`` files, ``torch_shm_manager``), shmlab (``shmlab_*``
 files, ``python -m shmlab.manager``) and the stdlib (``psm_*`` files). Nothing here writes,
-signals or unlinks: widgets, notebooks and tests only look.
+signals or unlinks, with one exception the user asks for by name: ``doctor.clean`` removes the
+leaked segments a diagnosis marked ``cleanable`` (``python -m shmlab doctor --clean``).
 
     fds.py        open_fds, fd_counts, FD_KINDS, FdInfo
     processes.py  process_table, process_family, ProcStat, alive_since, orphaned
@@ -11,6 +12,9 @@ signals or unlinks: widgets, notebooks and tests only look.
     resources.py  limits, Limits
     maps.py       mapped_by, held_by: which processes map a file or hold an fd on it
     snapshots.py  snapshot, Snapshot: all of the above in one refresh, or only some parts
+    checks.py     the doctor's machine checks: Finding, versions, strategy, fd limit, /dev/shm
+    leaks.py      the doctor's leak checks: leaked segments, orphaned managers, deleted fds
+    doctor.py     the doctor's diagnosis and report (the command line: shmlab.tools.doctor)
 
 Note [psutil, and /proc where psutil has nothing]
 psutil answers the per-process questions (rlimit, cmdline, unix sockets). Two it cannot:

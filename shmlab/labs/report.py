@@ -153,14 +153,14 @@ def run_in_child(fn, *args, timeout: float = 30.0):
 
 def start_child(fn, *args):
     """Fork the child of ``run_in_child`` now; ``answer(child)`` runs ``fn(*args)`` there."""
-    from ..demo.actor import Actor
+    from ..harness.actor import Actor
 
     return Actor(_call_table, fn, args, ctx="fork", name=str(getattr(fn, "__name__", fn)))
 
 
 def answer(child, timeout: float = 30.0):
     """What the child's ``fn(*args)`` returned (or raise what it raised); then kill it."""
-    from ..demo.actor import ActorDied, ActorError
+    from ..harness.actor import ActorDied, ActorError
 
     try:
         return child("call", timeout=timeout)

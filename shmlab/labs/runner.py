@@ -37,7 +37,7 @@ from . import integrity
 
 # Imported before any cell; the set-up cells import the rest (the lab's module, torch for lab 5),
 # and the first fingerprint is taken after them, just before the first learner line runs.
-CHECK_MODULES = ("shmlab.labs.runner", "shmlab.labs.report", "shmlab.demo.actor")
+CHECK_MODULES = ("shmlab.labs.runner", "shmlab.labs.report", "shmlab.harness.actor")
 
 
 # IPython syntax in a learner's cell (Note [Magics in graded cells], below).

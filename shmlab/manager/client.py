@@ -81,11 +81,10 @@ CONNECT_TIMEOUT_S = 5.0  # how long a full listen queue may keep us waiting
 
 def _gone(handle: bytes, why: object) -> ManagerError:
     return ManagerError(
-        f"the shmlab manager at {handle.decode(errors='replace')} is not answering ({why}); it "
-        "exited, was killed or is stuck. Segments already mapped keep working, but no new "
-        "file_system segment can be registered with it. Next: call "
-        "shmlab.manager.client.reset() so the next allocation starts a fresh manager, or use "
-        "the 'file_descriptor' strategy."
+        f"the shmlab manager at {handle.decode(errors='replace')} is not answering ({why}): it "
+        "exited, was killed or is stuck, so no new file_system segment can be registered with "
+        "it (segments already mapped keep working). Fix: call shmlab.manager.client.reset(); "
+        "the next file_system allocation starts a fresh manager."
     )
 
 
@@ -417,8 +416,8 @@ def _start_manager() -> bytes:
     rc = proc.wait()
     raise ManagerError(
         f"could not start the shmlab manager ({line or f'no handshake, exit code {rc}'}). "
-        f"Run `{sys.executable} -m {DAEMON_MODULE}` in a terminal to see why, check "
-        "SHMLAB_MANAGER_GRACE and TMPDIR, or use the 'file_descriptor' strategy."
+        f"Fix: run `{sys.executable} -m {DAEMON_MODULE}` in a terminal, which prints the "
+        "whole reason (a bad SHMLAB_MANAGER_GRACE, an unusable TMPDIR, ...)."
     )
 
 

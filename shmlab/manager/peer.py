@@ -22,9 +22,9 @@ __all__ = ["check_path", "check_peer"]
 def _not_a_manager(handle: bytes, why: object) -> NotAManagerError:
     return NotAManagerError(
         f"{handle.decode(errors='replace')!r} is not a shmlab manager's socket ({why}), so "
-        "nothing was sent to it: the manager handle in this message was forged or corrupted, "
-        "or its path now belongs to something else. Check what the sender pickled, or use "
-        "the 'file_descriptor' strategy, which needs no manager."
+        "nothing was sent to it: the manager handle in the message does not name a manager "
+        "of this user. Fix: check what the sender pickled (a handle is the socket path its "
+        "manager printed)."
     )
 
 

@@ -1,1 +1,1 @@
-"""Command-line tools: ``python -m shmlab.stress`` and ``python -m shmlab.bench``."""
+"""Command-line tools: ``python -m shmlab doctor`` and ``python -m shmlab bench``."""

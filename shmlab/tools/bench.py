@@ -1,4 +1,4 @@
-"""Benchmarks that compare shmlab with torch in one run: ``python -m shmlab.bench handoff``.
+"""Benchmarks that compare shmlab with torch in one run: ``python -m shmlab bench handoff``.
 
 The handoff benchmark times a round trip parent -> child -> parent through two Queues for
 sizes from 1 KiB to 128 MiB: for shmlab and torch, under both sharing strategies, for a
@@ -25,7 +25,7 @@ import time
 
 import numpy as np
 
-from ..demo.libs import load
+from ..harness.libs import load
 
 SIZES = [1 << 10, 1 << 14, 1 << 18, 1 << 20, 1 << 22, 1 << 24, 1 << 27]  # 1 KiB .. 128 MiB
 LIBS = ("shmlab", "torch")
@@ -183,7 +183,7 @@ def table(rows: list[dict], markdown: bool = False) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m shmlab.bench", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m shmlab bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("which", choices=["handoff"])
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")

@@ -1,6 +1,6 @@
 """DoctorReport: ``python -m shmlab doctor``'s report as a widget, with a clean button that asks.
 
-The same findings as the command (``shmlab.tools.doctor.diagnose``), one table row each with
+The same findings as the command (``shmlab.introspect.doctor.diagnose``), one table row each with
 its severity and fix. Read-only, except "Clean leaked segments…": it lists what
 ``--clean`` would remove and removes it only after "Remove them" is pressed; like the command
 it never signals a process. Not a live view: it reads the machine on creation and on Refresh.
@@ -13,8 +13,8 @@ import html
 import ipywidgets as W
 
 from .. import introspect
-from ..tools import doctor
-from ..tools.doctor_leaks import MIN_AGE_S
+from ..introspect import doctor
+from ..introspect.leaks import MIN_AGE_S
 from ._live import CSS, table
 
 HEAD = ["", "severity", "check", "finding", "fix"]

@@ -1,7 +1,7 @@
-"""Real CUDA tensor sharing between processes: the behaviour shmlab.cuda_ipc_model models.
+"""Real CUDA tensor sharing between processes: the behaviour shmlab.models.cuda_ipc models.
 
 Runs only where ``torch.cuda.is_available()``; elsewhere every test is skipped with the reason.
-The consumer is a ``spawn`` child (shmlab.demo.cuda.cuda_consumer): CUDA cannot be used in a
+The consumer is a ``spawn`` child (shmlab.lessons.cuda.cuda_consumer): CUDA cannot be used in a
 child forked after the parent initialised it.
 """
 
@@ -23,7 +23,7 @@ pytestmark = [
     ),
 ]
 
-from shmlab.demo import cuda as demo_cuda  # noqa: E402
+from shmlab.lessons import cuda as demo_cuda  # noqa: E402
 
 
 def _stop(*procs):

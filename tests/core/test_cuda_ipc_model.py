@@ -1,6 +1,6 @@
-"""shmlab.cuda_ipc_model: the CPU model of torch's CUDA IPC protocol, with real processes.
+"""shmlab.models.cuda_ipc: the CPU model of torch's CUDA IPC protocol, with real processes.
 
-A consumer child (an ``Actor`` serving ``shmlab.demo.cuda.model_commands``) receives blocks
+A consumer child (an ``Actor`` serving ``shmlab.lessons.cuda.model_commands``) receives blocks
 in its commands; this test process is the producer. Every test ends with the model shut down,
 and the leak checker verifies that no shmlab_* file is left in /dev/shm.
 """
@@ -19,9 +19,9 @@ import numpy as np
 import pytest
 
 from shmlab import _shm
-from shmlab import cuda_ipc_model as model
-from shmlab.demo.actor import Actor
-from shmlab.demo.cuda import model_commands
+from shmlab.harness.actor import Actor
+from shmlab.lessons.cuda import model_commands
+from shmlab.models import cuda_ipc as model
 
 pytestmark = pytest.mark.timeout(120)
 F32 = np.float32
@@ -169,7 +169,7 @@ def test_bad_sizes_and_freed_blocks_are_refused():
 
 def test_producer_exit_with_unreleased_blocks_warns_and_leaves_nothing(tmp_path):
     code = (
-        "from shmlab import cuda_ipc_model as m\n"
+        "from shmlab.models import cuda_ipc as m\n"
         "b = m.alloc(64); h = m.share(b)\n"       # sent, never released by anybody
         "print(b.free(), h.handle, h.counter_handle, flush=True)\n"
     )

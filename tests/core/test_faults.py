@@ -25,8 +25,7 @@ from support.families import LIBS
 from support.namespaces import run_unshared
 
 from shmlab._shm import read_refcount
-from shmlab.demo.holder import FAMILY
-from shmlab.tools.family import RECLAIM_LIMIT_S, Family, wait_reclaimed
+from shmlab.testing.family import FAMILY, RECLAIM_LIMIT_S, Family, wait_reclaimed
 
 P, C = "producer", "consumer"
 FS, FD = "file_system", "file_descriptor"
@@ -283,7 +282,7 @@ def test_full_dev_shm_raises_enospc_under_both_strategies_torch_too_stdlib_gets_
 # -- the stress command, bounded ----------------------------------------------------------------
 @pytest.mark.timeout(180)
 def test_stress_command_leaks_nothing():
-    out = subprocess.run([sys.executable, "-m", "shmlab.stress", "--trials", "16", "--parallel",
+    out = subprocess.run([sys.executable, "-m", "shmlab", "stress", "--trials", "16", "--parallel",
                           "4", "--seed", "7", "--json"], capture_output=True, text=True,
                          timeout=140)
     summary = json.loads(out.stdout)
@@ -301,12 +300,12 @@ def test_stress_command_leaks_nothing():
 
 def _stress_faults(tmp_path, *args: str, pythonpath: str | None = None,
                    timeout: float = 240) -> tuple[int, dict]:
-    """`python -m shmlab.stress --faults ... --json` with a 0.5 s grace, in a private mount
+    """`python -m shmlab stress --faults ... --json` with a 0.5 s grace, in a private mount
     namespace with its own /dev/shm tmpfs where the machine allows one (root, unshare)."""
     env = dict(os.environ, SHMLAB_MANAGER_GRACE="0.5")
     if pythonpath:  # and run there: `python -m` puts the working directory first on sys.path
         env["PYTHONPATH"] = pythonpath
-    argv = [sys.executable, "-m", "shmlab.stress", *args, "--json"]
+    argv = [sys.executable, "-m", "shmlab", "stress", *args, "--json"]
     if os.geteuid() == 0 and shutil.which("unshare"):
         argv = ["unshare", "--mount", "sh", "-c", 'mount -t tmpfs -o size=256m tmpfs /dev/shm'
                 ' && exec "$@"', "sh", *argv]
@@ -321,7 +320,7 @@ def test_stress_faults_never_unlink_a_live_segment(tmp_path):
     """Two trials or more of every fault kind (this seed draws each one), a live family
     allocating, sending and checking data through each: nothing live unlinked, nothing
     leaked, no crash, nothing stuck, good data; exit status 0."""
-    from shmlab.tools.fault_trial import FAULT_KINDS
+    from shmlab.testing.fault_trial import FAULT_KINDS
 
     rc, summary = _stress_faults(tmp_path, "--trials", "16", "--faults", "all", "--seed", "102",
                                  "--parallel", "2")

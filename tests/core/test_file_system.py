@@ -1,5 +1,5 @@
 """The file_system strategy beside torch's: segment layout, refcounts, fds, empty tensors, the
-lazily started manager. Real processes, real /dev/shm files; `Family`: shmlab.tools.family.
+lazily started manager. Real processes, real /dev/shm files; `Family`: shmlab.testing.family.
 
 The strategy is process-global, so this test process never changes it: each producer and
 consumer sets it in its own process. The autouse fixture still puts both libraries back on
@@ -17,7 +17,7 @@ import pytest
 from support.families import LIBS
 
 from shmlab._shm import read_refcount
-from shmlab.tools.family import Family, child_managers, wait_reclaimed
+from shmlab.testing.family import Family, child_managers, wait_reclaimed
 
 P, C = "producer", "consumer"
 FS, FD = "file_system", "file_descriptor"

@@ -17,8 +17,8 @@ from support.waiting import stop
 
 import shmlab
 import shmlab.multiprocessing as mp
-from shmlab.demo import channels
-from shmlab.demo.libs import load, new_tensor, shm_fd_count
+from shmlab.harness.libs import load, new_tensor, shm_fd_count
+from shmlab.lessons import channels
 from shmlab.multiprocessing import reductions
 
 

@@ -14,8 +14,8 @@ import pytest
 from support.families import LIBS, both
 from support.waiting import stop
 
-from shmlab.demo.channels import describe_views, hold_and_count, pool_write, write_then_watch
-from shmlab.demo.libs import fd_count, load, new_tensor, shm_fd_count
+from shmlab.harness.libs import fd_count, load, new_tensor, shm_fd_count
+from shmlab.lessons.channels import describe_views, hold_and_count, pool_write, write_then_watch
 
 METHODS = ("fork", "spawn", "forkserver")
 

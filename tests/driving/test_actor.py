@@ -1,4 +1,4 @@
-"""shmlab.demo.actor: one command loop in a real child process, one proxy in this one."""
+"""shmlab.harness.actor: one command loop in a real child process, one proxy in this one."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 import shmlab
-from shmlab.demo.actor import Actor, ActorDied, ActorError
+from shmlab.harness.actor import Actor, ActorDied, ActorError
 
 pytestmark = pytest.mark.timeout(120)
 METHODS = ("fork", "spawn")
@@ -157,6 +157,22 @@ def test_died_is_seen_even_when_a_grandchild_holds_the_pipe_open():
     finally:
         os.kill(grandchild, signal.SIGKILL)
         a.exit()
+        _wait_gone(grandchild)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_kill_reaps_at_once_even_when_a_grandchild_holds_the_sentinel(method):
+    """A torch_shm_manager started by the child inherits its end of the sentinel pipe: kill()
+    must not wait on that pipe (join would time out after 10 s and leave a zombie)."""
+    a = Actor(table, 0, ctx=method)
+    grandchild = a("fork_sleeper")
+    try:
+        start = time.monotonic()
+        a.kill()
+        assert a.exitcode == -signal.SIGKILL and time.monotonic() - start < 5
+        assert not psutil.pid_exists(a.pid)  # reaped: not even a zombie
+    finally:
+        os.kill(grandchild, signal.SIGKILL)
         _wait_gone(grandchild)
 
 

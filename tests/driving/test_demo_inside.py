@@ -1,4 +1,4 @@
-"""Notebook 13's demo modules: shmlab.demo.memprobe, share_parts, empty and sharedcache.
+"""Notebook 13's demo modules: shmlab.lessons.memprobe, share_parts, empty and sharedcache.
 
 Small sizes, real processes, real shared memory; what is asserted is counted (page faults,
 bytes, objects), never timed, as in the notebook's hidden cells.
@@ -10,9 +10,10 @@ import multiprocessing
 
 import pytest
 
-from shmlab.demo import empty, holder, memprobe, share_parts, sharedcache
-from shmlab.demo.actor import Actor
-from shmlab.demo.libs import LIBS
+from shmlab.harness import holder
+from shmlab.harness.actor import Actor
+from shmlab.harness.libs import LIBS
+from shmlab.lessons import empty, memprobe, share_parts, sharedcache
 
 pytestmark = pytest.mark.timeout(180)
 SIZE = memprobe.SMALLEST  # 32 MiB: big enough that a few stray pages are noise

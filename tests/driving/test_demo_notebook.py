@@ -1,4 +1,4 @@
-"""shmlab.demo.notebook.Session with real processes, pools, managers and /dev/shm files."""
+"""shmlab.harness.session.Session with real processes, pools, managers and /dev/shm files."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ import psutil
 import pytest
 
 from shmlab import introspect
-from shmlab.demo import notebook
-from shmlab.demo.notebook import Session
-from shmlab.demo.watch import alive
+from shmlab.harness import session as notebook
+from shmlab.harness.session import Session
+from shmlab.harness.watch import alive
 
 
 def share_under_file_system(names, release):
@@ -124,7 +124,7 @@ def test_an_exiting_kernel_takes_its_children_down(tmp_path):
     # first (registered later) and stops it.
     script = textwrap.dedent("""
         import time
-        from shmlab.demo.notebook import Session
+        from shmlab.harness.session import Session
         s = Session("spawn")
         p = s.ctx.Process(target=time.sleep, args=(600,))  # not a daemon: multiprocessing
         p.start()                                         # alone would join it for 600 s

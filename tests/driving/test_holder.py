@@ -1,4 +1,4 @@
-"""shmlab.demo.holder: the keyed commands notebooks 04 and 05 drive, on torch and on shmlab.
+"""shmlab.harness.holder: the keyed commands notebooks 04 and 05 drive, on torch and on shmlab.
 
 (The stress family's commands are exercised by test_file_system.py and test_faults.py.)
 """
@@ -9,9 +9,9 @@ import multiprocessing
 
 import pytest
 
-from shmlab.demo import holder
-from shmlab.demo.actor import Actor, ActorError
-from shmlab.demo.libs import LIBS
+from shmlab.harness import holder
+from shmlab.harness.actor import Actor, ActorError
+from shmlab.harness.libs import LIBS
 
 pytestmark = pytest.mark.timeout(120)
 

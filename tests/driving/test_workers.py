@@ -1,4 +1,4 @@
-"""shmlab.demo.workers: a child runs the code a notebook wrote, and runs it again once edited.
+"""shmlab.harness.workers: a child runs the code a notebook wrote, and runs it again once edited.
 
 The notebook's way (Note [Edit the cell, re-run the step]): write a module into the session's
 code_dir, start a worker child, ``run`` one of its functions; rewrite the module (a re-run
@@ -13,7 +13,8 @@ import sys
 
 import pytest
 
-from shmlab.demo.notebook import Session
+from shmlab.harness.actor import ActorError
+from shmlab.harness.session import Session
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -78,13 +79,19 @@ def test_a_function_a_child_cannot_import_is_refused_with_the_fix():
 
         with pytest.raises(ValueError, match="cannot import"):
             child.run(nested)
+
+        import shmlab.harness.show as not_written_here  # a module the notebook did not write
+
+        with pytest.raises(ActorError, match="session.code_dir"):
+            child.run(not_written_here.show_table)  # would reload it in the child
+        assert child("fds")["total"] > 0  # the child lives on
     finally:
         cell_function.__module__ = __name__
         session.close()
 
 
 def test_fresh_reloads_only_when_the_bytes_changed(tmp_path, monkeypatch):
-    from shmlab.demo import workers
+    from shmlab.harness import workers
 
     monkeypatch.syspath_prepend(str(tmp_path))
     path = tmp_path / "nbtest_fresh.py"
@@ -99,3 +106,28 @@ def test_fresh_reloads_only_when_the_bytes_changed(tmp_path, monkeypatch):
     finally:
         sys.modules.pop("nbtest_fresh", None)
         workers._loaded.pop("nbtest_fresh", None)
+
+
+@pytest.mark.notebook
+def test_in_a_kernel_an_edited_worker_module_is_fresh_without_re_importing(tmp_path):
+    """Re-running a %%writefile cell that adds a function: the kernel's module has it at the
+    next cell (Session's pre_run_cell hook), and a child runs it; close() removes the hook."""
+    from support import nbutil
+
+    cells = [
+        "from shmlab.harness.session import Session\nsession = Session('fork')\n"
+        "child = session.worker('shmlab')",
+        "%%writefile {session.code_dir}/nbtest_kernel.py\ndef one(child):\n    return 1",
+        "import nbtest_kernel\nprint('first', child.run(nbtest_kernel.one))",
+        "%%writefile {session.code_dir}/nbtest_kernel.py\ndef one(child):\n    return 1\n\n"
+        "def two(child):\n    return child.lib",
+        "print('added', child.run(nbtest_kernel.two))",
+        "left = session.close()\nprint('left', left)\n"
+        "hooks = get_ipython().events.callbacks['pre_run_cell']\n"
+        "print('hooks', session._refresh_workers in hooks)",
+    ]
+    nb = nbutil.new_notebook(*[nbutil.code_cell(c) for c in cells])
+    nbutil.execute(nb, cwd=tmp_path, timeout=120)
+    out = nbutil.outputs_text(nb)
+    assert "first 1" in out and "added shmlab" in out, out
+    assert "left {'files': [], 'managers': [], 'children': []}" in out and "hooks False" in out

@@ -16,8 +16,8 @@ import time
 import psutil
 import pytest
 
-from shmlab.manager import faults
 from shmlab.manager.liveness import Member, start_time
+from shmlab.testing import faults
 
 LIBS = ("torch", "shmlab")
 
@@ -145,7 +145,7 @@ def test_a_stalled_manager_keeps_every_live_segment(holders, lib):
 
 @pytest.mark.timeout(120)
 def test_random_stalls_never_unlink_a_live_segment(holders):
-    """Four stalls of 0.5-3 s at random moments (shmlab.manager.faults.stall_later, as the
+    """Four stalls of 0.5-3 s at random moments (shmlab.testing.faults.stall_later, as the
     stress tool injects them) while a member allocates 20 tensors a second and keeps the
     newest 20: every allocation in a stall may fail after 1 s, none may lose a segment."""
     import random

@@ -2,7 +2,7 @@
 
 Mirrors: torch/lib/libshm/manager.cpp has no STATUS, no observers and no log, so there is no
 torch side here; the figures before the fix (issue 15) are in the docstrings. Each test runs
-a real daemon, attacks it with shmlab.manager.faults over real sockets, and ends with the
+a real daemon, attacks it with shmlab.testing.faults over real sockets, and ends with the
 daemon exiting on its own (exit 0, directory gone), so the leak checker finds nothing.
 """
 
@@ -19,9 +19,9 @@ import time
 import pytest
 
 from shmlab.manager import client as mc
-from shmlab.manager import faults
 from shmlab.manager.daemon import Manager
 from shmlab.manager.daemon_conn import MAX_BAD_LINES
+from shmlab.testing import faults
 
 GRACE = "0.3"
 

@@ -9,7 +9,7 @@ Chinese, and self-check answers that Run All does not spoil.
   no half-width , ; ( ) and no : . ! ? right after a 汉字; elsewhere, none of , ; : ( ) between
   two 汉字 (a Chinese phrase quoted in English text).
 * In a "## Check yourself" (or "## Self-check") section, no code cell prints or displays
-  anything except through ``shmlab.demo.show.reveal``, which puts the answer in a collapsed
+  anything except through ``shmlab.harness.show.reveal``, which puts the answer in a collapsed
   ``<details>`` element: the
   learner's attempt comes first.
 * Every follow-up question of a "Follow-up questions" section has its Chinese right after it:
@@ -102,7 +102,7 @@ def spoiler_problems(name: str, nb) -> list[str]:
             if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
                     and node.func.id in SHOWING):
                 problems.append(f"{where} line {node.lineno}: {node.func.id}() shows the answer "
-                                "on Run All; use shmlab.demo.show.reveal(answer, ...)")
+                                "on Run All; use shmlab.harness.show.reveal(answer, ...)")
         if tree.body and isinstance(tree.body[-1], ast.Expr) and not (
                 isinstance(tree.body[-1].value, ast.Call)):
             problems.append(f"{where}: the last line is an expression Jupyter displays")

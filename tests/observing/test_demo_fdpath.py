@@ -1,4 +1,4 @@
-"""shmlab.demo.fdpath.segment_bytes: one segment's memory, wherever it is still held (C12.7)."""
+"""shmlab.lessons.fdpath.segment_bytes: one segment's memory, wherever it is still held (C12.7)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from shmlab.demo import fdpath
+from shmlab.lessons import fdpath
 
 MB = 2**20
 # Maps the segment whose fd it inherits (argv[1]), closes that fd (the mapping alone holds it),

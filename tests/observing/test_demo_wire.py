@@ -1,6 +1,6 @@
-"""shmlab.demo.wire reads strace's log: a call that strace splits in two is still counted."""
+"""shmlab.lessons.wire reads strace's log: a call that strace splits in two is still counted."""
 
-from shmlab.demo import wire
+from shmlab.lessons import wire
 
 
 def test_a_call_split_by_another_process_is_joined_at_its_end():

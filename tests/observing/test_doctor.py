@@ -26,7 +26,8 @@ from support.waiting import wait_for
 
 from shmlab import __main__ as shmlab_main
 from shmlab import introspect
-from shmlab.tools import doctor, doctor_checks, doctor_leaks
+from shmlab.introspect import checks, doctor, leaks
+from shmlab.tools import doctor as doctor_cli
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [REPO, os.environ.get(
@@ -142,7 +143,7 @@ def test_clean_removes_only_the_dead_pids_unused_segment_of_ours(shm_folder, map
     os.chown(foreign, NOBODY, NOBODY)  # another user's leak: never ours to remove
     user = mapper(mapped)
 
-    findings = doctor_leaks.segments(shm_folder, min_age_s=0)
+    findings = leaks.segments(shm_folder, min_age_s=0)
     f = by_name(findings, os.path.basename(leaked))
     assert (f.severity, f.details["cleanable"], f.details["creator_alive"]) == ("warn", True, False)
     assert f.details["refcount"] == 1 and f.details["size"] == SIZE and f.details["used_by"] == []
@@ -166,7 +167,7 @@ def test_clean_removes_only_the_dead_pids_unused_segment_of_ours(shm_folder, map
 def test_a_young_segment_and_a_live_creators_are_left_alone(shm_folder):
     young = plant(shm_folder, f"torch_{dead_pid()}_1_0")
     mine = plant(shm_folder, f"shmlab_{os.getpid()}_1_0")
-    findings = doctor_leaks.segments(shm_folder)  # default --min-age: 5 s
+    findings = leaks.segments(shm_folder)  # default --min-age: 5 s
     f = by_name(findings, os.path.basename(young))
     assert (f.severity, f.details["cleanable"]) == ("info", False)
     with pytest.raises(AssertionError):
@@ -179,7 +180,7 @@ def test_a_young_segment_and_a_live_creators_are_left_alone(shm_folder):
 @pytest.mark.timeout(60)
 def test_clean_checks_again_and_skips_a_segment_mapped_since(shm_folder, mapper):
     leaked = plant(shm_folder, f"torch_{dead_pid()}_1_0")
-    items = doctor.cleanable(doctor_leaks.segments(shm_folder, min_age_s=0))
+    items = doctor.cleanable(leaks.segments(shm_folder, min_age_s=0))
     assert [i["path"] for i in items] == [leaked]
     pid = mapper(leaked)  # someone attaches between the report and the clean
     assert doctor.clean(items) == {"removed": [], "bytes_freed": 0, "skipped": [
@@ -189,8 +190,8 @@ def test_clean_checks_again_and_skips_a_segment_mapped_since(shm_folder, mapper)
 @pytest.mark.timeout(60)
 def test_clean_without_yes_asks_and_removes_nothing_without_a_terminal(shm_folder, capsys):
     leaked = plant(shm_folder, f"torch_{dead_pid()}_1_0")
-    doctor.show_list(doctor.cleanable(doctor_leaks.segments(shm_folder, min_age_s=0)), sys.stdout)
-    assert not doctor._confirm(sys.stdout)  # pytest's stdin is no terminal: the answer is no
+    doctor_cli.show_list(doctor.cleanable(leaks.segments(shm_folder, min_age_s=0)), sys.stdout)
+    assert not doctor_cli._confirm(sys.stdout)  # pytest's stdin is no terminal: the answer is no
     out = capsys.readouterr().out
     assert leaked in out and "add --yes" in out and os.path.exists(leaked)
 
@@ -212,11 +213,11 @@ def test_a_low_fd_limit_is_flagged_with_the_line_that_fixes_it(shm_folder):
 
 
 def test_a_hard_limit_only_root_can_raise_says_so():
-    (f,) = doctor_checks.fd_limit(introspect.Limits(1024, 1024, 0, 0))
+    (f,) = checks.fd_limit(introspect.Limits(1024, 1024, 0, 0))
     assert f.severity == "warn" and "only root" in f.message and "file_system" in f.fix
-    (f,) = doctor_checks.fd_limit(introspect.Limits(1024, resource.RLIM_INFINITY, 0, 0))
-    assert f.fix == f"ulimit -n {doctor_checks._nr_open()}"  # 'unlimited' is refused for nofile
-    assert doctor_checks.fd_limit(introspect.Limits(65536, 65536, 0, 0))[0].severity == "ok"
+    (f,) = checks.fd_limit(introspect.Limits(1024, resource.RLIM_INFINITY, 0, 0))
+    assert f.fix == f"ulimit -n {checks._nr_open()}"  # 'unlimited' is refused for nofile
+    assert checks.fd_limit(introspect.Limits(65536, 65536, 0, 0))[0].severity == "ok"
 
 
 # --- orphans: a manager and a deleted fd ----------------------------------------------------------
@@ -225,7 +226,7 @@ def test_an_orphaned_manager_with_no_clients_is_found():
     pid = orphan(["-m", "shmlab.manager", "--grace", "120"])  # its starter has exited
     try:
         wait_for(lambda: introspect.orphaned(pid, introspect.process_table()), timeout=10)
-        (f,) = [f for f in doctor_leaks.managers() if f.details["pid"] == pid]
+        (f,) = [f for f in leaks.managers() if f.details["pid"] == pid]
         assert f.severity == "warn" and f.details["kind"] == "shmlab", f
         assert f.details["parent_gone"] and f.details["clients"] == 0
         assert f.fix.startswith(f"kill -INT {pid}")
@@ -240,7 +241,7 @@ def test_a_deleted_shm_fd_held_by_an_orphan_is_found():
     pid = orphan(["-c", holder])
     try:
         wait_for(lambda: introspect.orphaned(pid, introspect.process_table()), timeout=10)
-        (f,) = [f for f in doctor_leaks.fd_leaks() if f.details["pid"] == pid]
+        (f,) = [f for f in leaks.fd_leaks() if f.details["pid"] == pid]
         assert f.severity == "warn" and f.details["fds"] == 1 and f.details["bytes"] == 8192
         assert f.fix.startswith(f"kill {pid}")
     finally:
@@ -249,8 +250,8 @@ def test_a_deleted_shm_fd_held_by_an_orphan_is_found():
 
 # --- the report, the schema and the command table -------------------------------------------------
 def test_the_schema_accepts_a_report_and_rejects_a_warning_without_a_fix(shm_folder):
-    findings = [doctor_checks.Finding("fd_limit", "warn", "low", "ulimit -n 4096"),
-                doctor_checks.Finding("versions", "ok", "fine")]
+    findings = [checks.Finding("fd_limit", "warn", "low", "ulimit -n 4096"),
+                checks.Finding("versions", "ok", "fine")]
     good = doctor.report(findings, shm_folder)
     jsonschema.validate(good, schema())
     assert good["exit_status"] == 1 and good["counts"] == {"ok": 1, "info": 0, "warn": 1,
@@ -259,12 +260,12 @@ def test_the_schema_accepts_a_report_and_rejects_a_warning_without_a_fix(shm_fol
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(good, schema())
     with pytest.raises(ValueError, match="severity"):
-        doctor_checks.Finding("versions", "bad", "x")
+        checks.Finding("versions", "bad", "x")
 
 
 def test_the_text_report_is_one_line_per_finding_with_severity_and_fix():
-    text = doctor.render([doctor_checks.Finding("fd_limit", "warn", "low", "ulimit -n 4096"),
-                          doctor_checks.Finding("versions", "ok", "fine")])
+    text = doctor.render([checks.Finding("fd_limit", "warn", "low", "ulimit -n 4096"),
+                          checks.Finding("versions", "ok", "fine")])
     lines = text.splitlines()
     assert lines[0].endswith("warn  fd_limit: low  ->  fix: ulimit -n 4096")
     assert "ok    versions: fine" in lines[1] and lines[2] == "1 finding(s) need action."
@@ -282,9 +283,9 @@ def test_a_tiny_dev_shm_in_a_container_gets_the_container_fixes(monkeypatch):
     class Vfs:  # Docker's default: 64 MiB
         f_blocks, f_frsize, f_bavail, f_files, f_favail = 16384, 4096, 16000, 1000, 990
 
-    monkeypatch.setattr(doctor_checks.os, "statvfs", lambda p: Vfs)
-    monkeypatch.setattr(doctor_checks, "container", lambda: "docker")
-    (f,) = doctor_checks.dev_shm()
+    monkeypatch.setattr(checks.os, "statvfs", lambda p: Vfs)
+    monkeypatch.setattr(checks, "container", lambda: "docker")
+    (f,) = checks.dev_shm()
     assert f.severity == "warn" and "Docker's default" in f.message
     for fix in ("--shm-size", "--ipc=host", "emptyDir", "medium: Memory"):
         assert fix in f.fix

@@ -21,7 +21,7 @@ from support.families import LIBS
 from support.waiting import wait_for
 
 from shmlab import introspect
-from shmlab.demo import channels
+from shmlab.lessons import channels
 from shmlab.widgets import Dashboard, FdMonitor, LeakCleanup, in_kernel
 
 FORK = multiprocessing.get_context("fork")

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import pytest
 
-from shmlab.tools.family import Family
+from shmlab.testing.family import Family
 
-# The same tuple as shmlab.demo.libs.LIBS (the package's own helper for notebooks and stress).
+# The same tuple as shmlab.harness.libs.LIBS (the package's own helper for notebooks and stress).
 LIBS = ("torch", "shmlab")
 FD = "file_descriptor"
 
