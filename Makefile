@@ -1,6 +1,7 @@
 # shmlab: two commands do everything.
 #   make lab   - create .venv if needed, install shmlab with its pinned dependencies, open JupyterLab
 #   make test  - the same set-up, then lint and the whole test suite (notebooks included)
+#   make test-fast - the same set-up, lint, and the core and manager tests (minutes)
 # The Python minor versions shmlab is tested on; requirements/ holds one constraints file each.
 PYTHONS := 3.10 3.11 3.12 3.13
 VENV   ?= .venv
@@ -19,10 +20,19 @@ endif
 PIP_ARGS ?=
 # Extra pytest arguments, e.g. `make test PYTEST_ARGS="-k reductions -x"`.
 PYTEST_ARGS ?=
+# pytest-xdist workers. Most tests start processes and wait on them (I/O, sleeps, timeouts), so
+# more workers than cores pay: 4 on the 2-core CI machine. WORKERS=0 runs in this process, one
+# test at a time. --dist loadgroup keeps each xdist_group on one worker (tests sharing one
+# expensive run); --no-loadscope-reorder keeps conftest.py's longest-first order.
+WORKERS ?= 4
+XDIST   := -n $(WORKERS) $(if $(filter 0,$(WORKERS)),,--dist loadgroup --no-loadscope-reorder)
+# The fast set: the mirror of torch's sharing and the manager, everything a change to shmlab's
+# core must keep passing (no notebooks, labs, browser or Python installs).
+FAST_TESTS := tests/core tests/manager
 # Extra JupyterLab arguments, e.g. `make lab LAB_ARGS="--port 8899 --no-browser"`.
 LAB_ARGS ?=
 
-.PHONY: lab test test-pythons lint setup bench clean release-labs lock FORCE
+.PHONY: lab test test-fast test-pythons lint setup bench clean release-labs lock FORCE
 
 setup: $(STAMP)
 
@@ -46,12 +56,16 @@ lint: setup
 	$(VENV)/bin/ruff check .
 
 test: setup lint
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
+
+test-fast: setup lint
+	$(PY) -m pytest $(XDIST) $(FAST_TESTS) $(PYTEST_ARGS)
 
 # `make test` installs and smoke-tests on three other Pythons (the oldest and newest supported
-# minor found, and /usr/bin/python3: tests/test_pythons.py); this does it on every one found (long).
+# minor found, and /usr/bin/python3: tests/pythons/test_pythons.py); this does it on every one
+# found, side by side on the workers (long).
 test-pythons: setup
-	SHMLAB_PYTHONS=all $(PY) -m pytest tests/test_pythons.py $(PYTEST_ARGS)
+	SHMLAB_PYTHONS=all $(PY) -m pytest $(XDIST) tests/pythons/test_pythons.py $(PYTEST_ARGS)
 
 bench: setup
 	$(PY) -m shmlab bench handoff --plot docs/benchmarks.png

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 
 def cuda_consumer(inq, outq, release):
-    """Real CUDA (tests/test_cuda.py, notebook 03 on a GPU): receive a CUDA tensor, report
+    """Real CUDA (tests/core/test_cuda.py, notebook 03 on a GPU): receive a CUDA tensor, report
     its device and the IPC fields it arrived with, add 1 in place (the producer sees it),
     then hold it until ``release`` is set, report its sum again and drop it.
     """

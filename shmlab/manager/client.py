@@ -348,7 +348,7 @@ _started: list[subprocess.Popen] = []  # managers we started, reaped once they e
 # started there while the main thread may fork (Process.start() right after q.put()). Popen
 # opens two pipes in this process: its exec-error pipe (EOF once the manager has exec'd) and
 # our handshake pipe. O_CLOEXEC, close_fds and pass_fds do not help: they act at exec, and a
-# fork child that never execs keeps every fd. Measured (tests/fork_race.py): the child kept
+# fork child that never execs keeps every fd. Measured (tests/core/fork_race.py): the child kept
 # the error pipe's write end, so the feeder's `os.read` in Popen._execute_child waited for the
 # child to exit, the child waited in q.get() for the message the feeder was pickling, and
 # when the child was finally killed the manager's grace (nobody had connected for 2 s) was

@@ -8,4 +8,5 @@ managers (plugin)            the `segment` and `fresh_client` fixtures of the ma
 waiting                      wait_for(), stop()
 namespaces                   run_unshared(): a script as root in a private mount namespace
 nbutil                       find, execute and inspect notebooks
+xdistgroups (plugin)         `--dist loadgroup` keeps each xdist_group on one worker (pytest 9)
 """

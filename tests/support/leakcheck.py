@@ -21,6 +21,19 @@ its environment carries our marker (/proc/<pid>/environ, readable for our own ui
 that starts a manager with an environment of its own (env={...} without the marker) and
 orphans it is not caught; one whose starter still runs is.
 
+Note [One run per xdist worker]
+Under pytest-xdist (`make test` runs the suite on several workers) each worker is a pytest
+process of its own, running one test at a time beside the other workers' tests. Everything this
+plugin knows is per process: the watcher (one per worker, watching that worker's family), the
+children (that worker's descendants), and the manager daemons whose parent is in that family.
+Only RUN_ENV is inherited: the controller sets it when it loads this plugin and every worker
+starts with its value, so an orphaned manager (or an exec'd /dev/shm maker) started by worker
+gw0's test would carry the marker that worker gw1's test calls its own, and be blamed there
+and killed mid-use. So a worker appends its id (RUN_ID-gw0) at configure time, before any test
+runs; a pytest nested inside its tests (pytester) inherits that value and is part of the same
+run, as without xdist. test_harness.py's xdist tests prove it: two workers, one leaking a file,
+a child and an orphaned manager while the other sleeps through it, and only the leaker fails.
+
 Note [Whose /dev/shm file is it?]
 /dev/shm is shared by every program of the machine: other test runs, a learner's notebooks
 (notebook 05 leaves its "lonely" file on purpose, notebook 11's runbook makes one). Counting
@@ -327,3 +340,12 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "allow_leaks: the test manages leak checks itself (it must still clean up)"
     )
+    worker = getattr(config, "workerinput", {}).get("workerid")
+    if worker is not None:
+        _run_of_its_own(worker)
+
+
+def _run_of_its_own(worker: str) -> None:
+    """An xdist worker is a run of its own: see Note [One run per xdist worker]."""
+    global RUN_ID
+    RUN_ID = os.environ[RUN_ENV] = f"{RUN_ID}-{worker}"

@@ -31,6 +31,7 @@ test. Each test prints its install and smoke times.
 
 from __future__ import annotations
 
+import fcntl
 import glob
 import json
 import os
@@ -54,14 +55,14 @@ WHEELHOUSE = os.environ.get("SHMLAB_WHEELHOUSE", str(Path.home() / ".cache/shmla
 INSTALL_TIMEOUT = 1800  # a cold CUDA-build install on 2 busy cores took 341 s
 SMOKE_TIMEOUT = 600
 SMOKE_TESTS = [
-    "tests/test_packaging.py::test_constraints_agree_with_what_is_installed",
+    "tests/pythons/test_packaging.py::test_constraints_agree_with_what_is_installed",
     # one parity test per sharing strategy
-    "tests/test_reductions_parity.py::test_fd_strategy_leaves_dev_shm_empty_like_torch",
-    "tests/test_file_system.py::test_segment_layout_refcounts_and_the_last_closer_unlinks_like_torch",
+    "tests/core/test_reductions_parity.py::test_fd_strategy_leaves_dev_shm_empty_like_torch",
+    "tests/core/test_file_system.py::test_segment_layout_refcounts_and_the_last_closer_unlinks_like_torch",
     # one notebook headless, and the kernel it ran in is the venv's
-    "tests/test_notebooks.py::test_notebook_runs_headless[notebooks/00_start_here.ipynb]",
-    "tests/test_notebooks.py::test_start_here_reports_every_check",
-    "tests/test_notebooks.py::test_kernel_is_this_interpreter",
+    "tests/notebooks/test_notebooks.py::test_notebook_runs_headless[notebooks/00_start_here.ipynb]",
+    "tests/notebooks/test_notebooks.py::test_start_here_reports_every_check",
+    "tests/notebooks/test_notebooks.py::test_kernel_is_this_interpreter",
 ]
 LAB = "shmlab/labs/source/lab1_reducers.ipynb"
 # What the notebooks teach that depends on the Python version, asked of the interpreter itself.
@@ -275,9 +276,14 @@ def _fill_wheelhouse(python: str, minor: str, version: str) -> float:
     torch, cuda = _big_pins(minor, version)
     fetch = [python, "-m", "pip", "download", "--no-deps", "-d", WHEELHOUSE,
              "--find-links", WHEELHOUSE]
-    got = _run([*fetch, torch], timeout=INSTALL_TIMEOUT).stdout
-    if "+cpu" not in got:  # the CUDA build (no CPU index here for this Python)
-        _run([*fetch, *cuda], timeout=INSTALL_TIMEOUT)
+    # One download at a time: under pytest-xdist the interpreters install side by side, and
+    # their CUDA builds share the NVIDIA wheels, which two pips must not write at once (nor
+    # one install read half-written). The installs themselves run in parallel.
+    with open(Path(WHEELHOUSE) / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        got = _run([*fetch, torch], timeout=INSTALL_TIMEOUT).stdout
+        if "+cpu" not in got:  # the CUDA build (no CPU index here for this Python)
+            _run([*fetch, *cuda], timeout=INSTALL_TIMEOUT)
     return time.monotonic() - started
 
 

@@ -130,7 +130,7 @@ def test_an_exiting_kernel_takes_its_children_down(tmp_path):
         p.start()                                         # alone would join it for 600 s
         print(s.track(p).pid, flush=True)
     """)
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                          timeout=90, cwd=tmp_path, env=dict(os.environ, PYTHONPATH=repo))
     assert out.returncode == 0, out.stderr

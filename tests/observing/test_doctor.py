@@ -29,7 +29,7 @@ from shmlab import introspect
 from shmlab.introspect import checks, doctor, leaks
 from shmlab.tools import doctor as doctor_cli
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [REPO, os.environ.get(
     "PYTHONPATH")]))}
 NOBODY = 65534

@@ -193,7 +193,7 @@ def test_anki_export_is_a_zip_with_an_sqlite_deck_of_every_card(tmp_path):
     assert any("张量" in f[col("answer_zh")] for f in notes)
 
 
-# --- the widget, without a browser (tests/test_browser_drill.py clicks it in Chromium) ----------
+# --- the widget, without a browser (tests/browser/test_browser_drill.py clicks it in Chromium) --
 def test_quiz_buttons_reveal_grade_save_and_chart(data_dir):
     from shmlab.drill import Quiz
 

@@ -1,6 +1,6 @@
 """Reproduce issue 19: a fork while a Queue's feeder thread makes the first file_system share.
 
-    python tests/fork_race.py --lib shmlab --runs 20 [--switch 1e-5] [--cold] [--wait 5]
+    python tests/core/fork_race.py --lib shmlab --runs 20 [--switch 1e-5] [--cold] [--wait 5]
 
 Each run is a fresh interpreter (a *trial*) that does what upstream's ``test_fs_sharing`` /
 ``test_fill`` does: warm the file_descriptor path (pickle and unpickle one tensor; skipped
@@ -11,7 +11,7 @@ share. A trial *hangs* when the event is not set within --wait seconds; it then 
 the two processes were doing (Python stacks via faulthandler, the pipes the child inherited
 that the parent still has open) and kills the child. The summary counts hangs per cause.
 
-Used by tests/test_fork_race.py (the regression test) and runnable by hand for torch side by
+Used by tests/core/test_fork_race.py (the regression test) and runnable by hand for torch side by
 side (``--lib torch``).
 """
 

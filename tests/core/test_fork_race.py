@@ -1,6 +1,6 @@
 """Issue 19: a fork while a Queue's feeder thread makes the process's first file_system share.
 
-Each library runs tests/fork_race.py's reproduction (upstream's test_fill: q.put([x, x[:, 1]])
+Each library runs tests/core/fork_race.py's reproduction (upstream's test_fill: q.put([x, x[:, 1]])
 then at once a fork child that writes into the received tensor) RUNS times, each in a fresh
 interpreter with sys.setswitchinterval(1e-5) so that the feeder thread and the forking main
 thread interleave finely. Before the fix shmlab hung in about 3 runs in 10 (the child blocked

@@ -1,6 +1,6 @@
 """shmlab.widgets, headless: the values the live views show, against real processes and files.
 
-No browser here (tests/test_browser.py renders them). Children are forked before any widget
+No browser here (tests/browser/test_browser.py renders them). Children are forked before any widget
 thread starts (a fork copies one thread only), and the test process never makes a file_system
 tensor itself: the scenario runs in a sender child that forks its own receiver, so the
 manager's clients are all children and it exits once they are gone.

@@ -1,7 +1,7 @@
 """PyTorch's own test/test_multiprocessing.py CPU sharing tests, on torch and shmlab side by side.
 
 The port itself (upstream names, helpers, assertions and repeat counts, every adaptation and
-every test left out, with the reason) is tests/upstream_multiprocessing.py. For each library
+every test left out, with the reason) is tests/core/upstream_multiprocessing.py. For each library
 and start method (fork, spawn, forkserver) the whole port runs once, in order, in a fresh
 interpreter, as upstream's file runs in a process of its own: the sharing strategy, the
 manager connection and the start method are process-global, and a file_system share keeps a
@@ -24,14 +24,17 @@ import pytest
 import upstream_multiprocessing
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+ROOT = os.path.dirname(os.path.dirname(HERE))  # the repository
 LIBS = ("torch", "shmlab")
 METHODS = ("fork", "spawn", "forkserver")
 NAMES = unittest.TestLoader().getTestCaseNames(upstream_multiprocessing.TestMultiprocessing)
 # Measured on the loaded 2-core machine: the slowest group (torch, spawn) takes ~3 min.
 LIMIT_S = 480
 
-CASES = [pytest.param(name, method, lib, id=f"{name}-{method}-{lib}")
+# One run of the port answers a whole (lib, method) group: under pytest-xdist the group's cases
+# stay on one worker (one xdist_group each), or every worker would run the port again.
+CASES = [pytest.param(name, method, lib, id=f"{name}-{method}-{lib}",
+                      marks=pytest.mark.xdist_group(f"upstream-{lib}-{method}"))
          for method in METHODS for lib in LIBS for name in NAMES]
 _groups: dict[tuple[str, str], dict] = {}
 

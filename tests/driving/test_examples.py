@@ -136,6 +136,7 @@ def ddp_spawn_result(digits):
 
 @pytest.mark.slow  # fresh interpreters import torch: seconds each on 2 cores
 @pytest.mark.timeout(120)
+@pytest.mark.xdist_group("ddp-spawn")  # one worker, so the two tests share the run
 def test_ddp_with_spawn_reaches_target(digits):
     r = ddp_spawn_result(digits)
     assert r.processes == 2 and r.time_to_target is not None and r.final_accuracy >= TARGET
@@ -145,6 +146,7 @@ def test_ddp_with_spawn_reaches_target(digits):
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
+@pytest.mark.xdist_group("ddp-spawn")
 def test_ddp_is_deterministic_whatever_the_start_method(digits):
     # Synchronous all-reduce: the same seeds give bit-identical weights, unlike Hogwild's races.
     r = run_ddp(2, epochs=5, target_accuracy=TARGET, data=digits, timeout=100, start_method="fork")

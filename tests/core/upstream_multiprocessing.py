@@ -12,7 +12,7 @@ connection and the start method are all process-global, as in upstream's own run
     SHMLAB_UPSTREAM_LIB=shmlab SHMLAB_UPSTREAM_METHOD=spawn \\
         python -m unittest -v upstream_multiprocessing     # with tests/ on PYTHONPATH
 
-``tests/test_upstream_multiprocessing.py`` does the same (through ``run_to_json``, which
+``tests/core/test_upstream_multiprocessing.py`` does the same (through ``run_to_json``, which
 also records each test's result) for torch and shmlab side by side, under fork, spawn and
 forkserver. Spawn and forkserver children import
 this module by name to find the worker functions, so they live here, at module level.
@@ -53,7 +53,7 @@ Not ported, and why:
     test_rebuild_cuda_tensor, test_event*, test_empty_tensor_sharing_cuda,
     test_is_shared_cuda, test_cuda_variable_sharing, test_mixed_types_cuda_sharing (as
     such), test_cuda_parameter_sharing, test_integer_parameter_serialization_cuda
-    (shmlab's CUDA side is tests/test_cuda.py and tests/test_cuda_ipc_model.py).
+    (shmlab's CUDA side is tests/core/test_cuda.py and tests/core/test_cuda_ipc_model.py).
   * Meta device (shmlab has none): test_empty_tensor_sharing_meta, test_tensor_sharing_meta,
     test_meta_simple (skipped on Linux upstream too).
   * Autograd, which shmlab does not have: test_autograd_errors,

@@ -203,7 +203,7 @@ def test_experiments_run_code_the_notebook_shows(path):
     problems = visible_code_problems(nbutil.read_notebook(path))
     if path.name in NOT_YET_CONVERTED:
         assert problems, (f"{path.name} has no hidden experiment left: remove it from "
-                          "NOT_YET_CONVERTED in tests/test_visible_code.py")
+                          "NOT_YET_CONVERTED in tests/notebooks/test_visible_code.py")
         pytest.xfail(f"not yet converted ({len(problems)} problems), e.g. {problems[0]}")
     assert not problems, (f"{nbutil.rel(path)} runs torch work the notebook does not show "
                           "(write it in a %%writefile cell: shmlab/harness/workers.py):\n  "

@@ -26,7 +26,7 @@ import psutil
 import pytest
 from support import nbutil
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]  # tests/: where `support` is
 
 # --- (a) the leak checker fails a leaking test and cleans up after it ------------------------
 
@@ -299,6 +299,111 @@ def test_leakcheck_watches_from_a_process_of_its_own(pytester, monkeypatch):
     while psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
         assert time.monotonic() < deadline, "the watcher outlived its pytest"
         time.sleep(0.05)
+
+
+# Under pytest-xdist each worker is a run of its own (Note [One run per xdist worker] in
+# support/leakcheck.py): two tests on two workers at once, one leaking a /dev/shm file, a child
+# and an orphaned manager while the other is watched through it; only the leaker is blamed.
+XDIST_TESTS = """
+import os, subprocess, sys, time
+import pytest
+
+def wait_for(path):
+    deadline = time.monotonic() + 60
+    while not os.path.exists(path):
+        assert time.monotonic() < deadline, f"never saw {path}: not run side by side?"
+        time.sleep(0.01)
+
+@pytest.mark.xdist_group("leaker")
+def test_leaker():
+    wait_for("clean_started")
+    name = f"/dev/shm/shmlab_{os.getpid()}_w_0"
+    os.close(os.open(name, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600))
+    child = subprocess.Popen(["sleep", "60"])
+    out = subprocess.run([sys.executable, "-c", os.environ["ORPHAN"]], capture_output=True,
+                         text=True, timeout=60, check=True).stdout.split()
+    with open("leaked", "w") as f:
+        f.write(f"{name} {child.pid} {out[0]} {os.environ['SHMLAB_LEAKCHECK_RUN']}")
+    wait_for("clean_checked")  # the other worker's teardown has judged its test meanwhile
+
+@pytest.mark.xdist_group("clean")
+def test_clean():
+    open("clean_started", "w").close()
+    wait_for("leaked")  # ends while the other test's leaks are all there
+"""
+XDIST_CONFTEST = """
+def pytest_runtest_logreport(report):
+    if report.when == "teardown" and report.nodeid.endswith("test_clean"):
+        open("clean_checked", "w").close()  # after the leak checker's teardown judged it
+"""
+
+
+@pytest.mark.timeout(180)
+def test_leakcheck_blames_each_xdist_worker_for_its_own_leaks_only(pytester, monkeypatch):
+    """Without a marker of its own per worker, the clean test's worker counted the orphaned
+    manager (it carried the run's one marker) and the file (its creator's environment named
+    that marker too) as its own leaks, and killed and unlinked them under the other test."""
+    pytester.makepyfile(test_xdist=XDIST_TESTS)
+    pytester.makeconftest(XDIST_CONFTEST)
+    monkeypatch.setenv("PYTHONPATH", str(TESTS), prepend=os.pathsep)
+    monkeypatch.setenv("SHMLAB_LEAKCHECK_GRACE", "0.5")
+    monkeypatch.setenv("ORPHAN", ORPHAN)
+    result = pytester.runpytest_subprocess("-p", "support.leakcheck", "-p", "no:cacheprovider",
+                                           "-n", "2", "--dist", "loadgroup", "-v")
+    leaked = (pytester.path / "leaked").read_text().split()
+    name, child, manager, marker = leaked[0], int(leaked[1]), int(leaked[2]), leaked[3]
+    try:
+        result.assert_outcomes(passed=2, errors=1)
+        result.stdout.fnmatch_lines(["*ERROR at teardown of test_leaker*",
+                                     f"*{name}*", "*'sleep 60'*", "*shmlab.manager*"])
+        result.stdout.no_fnmatch_line("*ERROR at teardown of test_clean*")
+        assert marker.endswith(("-gw0", "-gw1")), marker
+        assert not os.path.exists(name), "the leaker's checker should have unlinked its file"
+        for pid in (child, manager):
+            assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == \
+                psutil.STATUS_ZOMBIE, f"the leaker's checker should have killed {pid}"
+    finally:
+        for pid in (child, manager):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(name)
+
+
+GROUPED_TESTS = """
+import os, pytest
+
+CASES = [pytest.param(n, g, id=f"{g}-{n}", marks=pytest.mark.xdist_group(f"g{g}"))
+         for g in range(3) for n in range(4)]
+
+@pytest.mark.parametrize("n, g", CASES)
+def test_grouped(n, g):
+    print("RAN", g, os.environ["PYTEST_XDIST_WORKER"])
+
+@pytest.mark.parametrize("n", range(6))
+def test_free(n):
+    pass
+"""
+
+
+@pytest.mark.timeout(120)
+def test_xdist_group_keeps_each_group_on_one_worker(pytester, monkeypatch):
+    """Note [xdist groups under pytest 9] in support/xdistgroups.py: three groups of four
+    parametrized cases on three workers, each group on one worker, ids as they are. Without
+    the plugin the groups were spread over all three workers."""
+    pytester.makepyfile(test_grouped=GROUPED_TESTS)
+    monkeypatch.setenv("PYTHONPATH", str(TESTS), prepend=os.pathsep)
+    result = pytester.runpytest_subprocess("-p", "support.xdistgroups", "-p", "no:cacheprovider",
+                                           "-n", "3", "--dist", "loadgroup", "-rA")
+    result.assert_outcomes(passed=18)
+    workers = collections.defaultdict(set)
+    for line in result.stdout.lines:
+        if line.startswith("RAN "):
+            _, group, worker = line.split()
+            workers[group].add(worker)
+    assert sorted(workers) == ["0", "1", "2"], result.stdout.str()
+    assert all(len(w) == 1 for w in workers.values()), dict(workers)
+    result.stdout.fnmatch_lines(["PASSED test_grouped.py::test_grouped[0-0]"])  # no @g0 suffix
 
 
 # --- (b) a notebook carrying outputs is detected ---------------------------------------------
