@@ -58,8 +58,9 @@ SCENES: dict[str, set[str] | None] = {
     "shmlab.lessons.share_parts": {"torch_whole", "torch_by_hand", "shmlab_parts",
                                    "shmlab_torch_way", "measure"},
     "shmlab.lessons.trackers": {"creator", "launch", "kill"},
-    "shmlab.examples.hogwild": None,     # training workers (tests, lab 5); data, model and
-                                         # evidence (what the learner observes) are not scenes
+    # the Hogwild worker; run_hogwild is the reference run notebook 07 compares DDP with (the
+    # loop itself is notebook 06's lesson, written there); data, model and evidence observe
+    "shmlab.examples.hogwild": {"train"},
     "shmlab.examples.ddp": None,
 }
 

@@ -292,10 +292,12 @@ with open(os.path.join(folder, "events.jsonl"), "w") as log:
 
 
 @pytest.mark.timeout(20)
-def test_shmlab_manager_found_with_its_socket_and_event_log(tmp_path):
+def test_shmlab_manager_found_with_its_socket_and_event_log():
     # A stand-in: a real process, socket and log laid out as docs/ARCHITECTURE.md specifies,
-    # so this test does not wait for shmlab.manager itself.
-    env = dict(os.environ, TMPDIR=str(tmp_path))
+    # so this test does not wait for shmlab.manager itself. Its TMPDIR is short: pytest's
+    # tmp_path under an xdist worker makes the socket path longer than AF_UNIX's 108 bytes.
+    short = tempfile.mkdtemp(prefix="intro-")
+    env = dict(os.environ, TMPDIR=short)
     argv = [sys.executable, "-c", STAND_IN, "shmlab.manager"]
     daemon = subprocess.Popen(argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     try:
@@ -305,10 +307,13 @@ def test_shmlab_manager_found_with_its_socket_and_event_log(tmp_path):
         daemon.stdin.close()
         daemon.wait(10)
         daemon.stdout.close()
-    [manager] = found
-    assert (manager.kind, manager.ppid, manager.socket_path) == ("shmlab", os.getpid(), path)
-    [started] = introspect.events(os.path.dirname(path))
-    assert started["event"] == "started" and started["pid"] == daemon.pid
+    try:
+        [manager] = found
+        assert (manager.kind, manager.ppid, manager.socket_path) == ("shmlab", os.getpid(), path)
+        [started] = introspect.events(os.path.dirname(path))
+        assert started["event"] == "started" and started["pid"] == daemon.pid
+    finally:
+        shutil.rmtree(short, ignore_errors=True)
 
 
 def test_events_skip_damaged_and_unfinished_lines(tmp_path):

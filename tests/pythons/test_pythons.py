@@ -308,7 +308,12 @@ def test_installs_and_runs(python, version, tmp_path_factory, capsys):
 
         started = time.monotonic()
         vpy = venv / "bin" / "python"
-        facts = json.loads(_run([vpy, "-c", PROBE], timeout=120).stdout)
+        # The install skipped compiling (--no-compile) and this machine may set
+        # PYTHONDONTWRITEBYTECODE: then every import of torch below would compile it again
+        # (30 s and more on a busy box, past a smoke test's own timeout). The probe imports
+        # torch, numpy and shmlab once with bytecode writing on, as pip's default install would.
+        writes = {k: v for k, v in _env().items() if k != "PYTHONDONTWRITEBYTECODE"}
+        facts = json.loads(_run([vpy, "-c", PROBE], timeout=300, env=writes).stdout)
         _run([vpy, "-m", "pytest", "-p", "no:cacheprovider", "-q", *SMOKE_TESTS],
              timeout=SMOKE_TIMEOUT)
         graded = _run([vpy, "-m", "shmlab.labs", "grade", "--json", LAB], timeout=SMOKE_TIMEOUT)
