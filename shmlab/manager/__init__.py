@@ -17,7 +17,7 @@ Daemon side (runs in `python -m shmlab.manager`, started by client.py):
     liveness.py     which members live: SO_PEERCRED pids, pidfd, start time    (torch: none)
     eventlog.py     events.jsonl, size-capped and rotated; refusal rate limit  (torch: none)
     __main__.py     ``python -m shmlab.manager [--grace S] [--max-clients N]`` runs the daemon
-Not part of either: faults.py, stalls, observer floods and big STATUS for tests and stress.
+Not here: the faults tests and the stress tool throw at a manager are ``shmlab.testing.faults``.
 
 Nothing is imported here. ``shmlab.storage`` imports ``client`` at import time (see Note
 [Forking while the first share is in flight] in storage.py); daemon.py imports nothing from
