@@ -72,6 +72,14 @@ def shm_links() -> list[dict]:
     return sorted(found, key=lambda d: d["fd"])
 
 
+def fd_report() -> dict:
+    """The ``fds`` reply of a holder or worker child: its fd total, its fds on /dev/shm and how
+    many times it called ``recvfds`` (Note [Counting the fds that arrive over SCM_RIGHTS])."""
+    links = shm_links()
+    return {"total": fd_count(), "shm": len(links), "links": links,
+            "recvfds_calls": FdArrivals.calls}
+
+
 def describe(t, strategy: str) -> dict:
     """Where a shared tensor's bytes live; under file_system also its segment name.
 
@@ -176,9 +184,7 @@ class Holder:
         return value
 
     def fds(self):
-        links = shm_links()
-        return {"total": fd_count(), "shm": len(links), "links": links,
-                "recvfds_calls": FdArrivals.calls}
+        return fd_report()
 
     def release(self):  # "exit": let go of everything held before the child ends
         self.held.clear()

@@ -151,8 +151,7 @@ def commands(lib: str, queue=None, strategy: str | None = None,
     fds      -                        {"total", "shm", "links", "recvfds_calls"}: observation
     exit     -                        drops what the child kept
     """
-    from .holder import FdArrivals, shm_links
-    from .libs import fd_count
+    from .holder import FdArrivals, fd_report
 
     FdArrivals.install()  # count every fd that arrives over SCM_RIGHTS (observation only)
     child = Child(lib, queue, strategy)
@@ -162,13 +161,8 @@ def commands(lib: str, queue=None, strategy: str | None = None,
             _check_written_here(module, code_dir)
         return function(module, qualname)(child, *args)
 
-    def fds():
-        links = shm_links()
-        return {"total": fd_count(), "shm": len(links), "links": links,
-                "recvfds_calls": FdArrivals.calls}
-
     def exit():
         child.kept.clear()
         gc.collect()
 
-    return {"run": run, "fds": fds, "exit": exit}
+    return {"run": run, "fds": fd_report, "exit": exit}
