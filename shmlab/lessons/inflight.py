@@ -3,10 +3,10 @@
 Notebook 12, claims C12.27 - C12.29 (notebook 04's C12.7 showed one unreceived message pinning
 one segment; here: N tensors, each fd counted, and when each one goes away).
 
-A producer P shares N tensors under ``file_descriptor`` and puts each on the queue twice
-(``2N`` messages); the consumer C takes the first ``K`` (one message of each of K tensors).
-``timeline()`` looks after every step, from the outside, at the fds P and C hold on each segment
-(``/proc/<pid>/fd``), P's sockets, and the MiB still allocated.
+The notebook writes the experiment (a producer P shares N tensors under ``file_descriptor`` and
+puts each on the queue twice, ``2N`` messages; the consumer C takes the first ``K``, one message
+of each of K tensors). ``look()`` is what it calls after every step: from the outside, the fds P
+and C hold on each segment (``/proc/<pid>/fd``), P's sockets, and the MiB still allocated.
 
 Who holds what (CPython multiprocessing/resource_sharer.py, torch reductions.py):
 
@@ -29,11 +29,7 @@ from __future__ import annotations
 import os
 
 from ..introspect import fd_counts
-from .crashes import Pair, _wait, fds_on
-
-
-def _paths(pair: Pair) -> list[str]:
-    return [link["link"].removesuffix(" (deleted)") for link in pair.P("fds")["links"]]
+from .crashes import Pair, fds_on
 
 
 def _mib(path: str, pids) -> float:
@@ -58,31 +54,3 @@ def look(pair: Pair, paths: list[str], moment: str) -> dict:
              "P sockets": sockets, "MiB": round(sum(_mib(x, pids) for x in paths), 2)}
     pair.timeline.append(state)
     return state
-
-
-def timeline(pair: Pair, n: int = 4, k: int = 2, numel: int = 1 << 18) -> list[dict]:
-    """Share ``n`` tensors in P (1 MiB each), send them all twice, let C take ``k`` messages,
-    then: P drops its tensors, C drops what it got, P ends. The look after C's receive also
-    says how long P's dups took to close after C had its tensors ("dup closed after (s)")."""
-    if not 0 < k <= n:
-        raise ValueError(f"need 0 < k <= n, got n={n}, k={k}")
-    pair.P("make", "t", n, numel)
-    paths = _paths(pair)
-    look(pair, paths, f"P shared {n} tensors")
-    pair.P("send", "t")
-    _wait(lambda: sum(fds_on(x, pair.P.pid) for x in paths) >= 2 * n, 10)
-    look(pair, paths, f"{n} messages in flight")
-    pair.P("send", "t")  # all n again: every tensor now has two messages in flight ...
-    _wait(lambda: sum(fds_on(x, pair.P.pid) for x in paths) >= 3 * n, 10)
-    look(pair, paths, f"{2 * n} messages in flight")
-    pair.C("recv", "got", k)  # ... and C takes the first k (tensors 0 .. k-1, once each)
-    settled = _wait(lambda: sum(fds_on(x, pair.P.pid) for x in paths) <= 3 * n - k, 5)
-    look(pair, paths, f"C took {k}")["dup closed after (s)"] = settled
-    pair.P("drop", "t")
-    look(pair, paths, "P dropped its tensors")
-    pair.C("drop", "got")
-    look(pair, paths, "C dropped them")
-    pair.P.kill()  # it holds no tensor now: a clean exit closes the same fds
-    look(pair, paths, "P ended")
-    pair.C.kill()
-    return pair.timeline

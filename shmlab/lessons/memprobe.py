@@ -3,7 +3,7 @@
 Mirrors: nothing (teaching aid); it reads what the kernel counts: /proc/self/status (RssAnon,
 RssShmem, VmHWM), /proc/self/smaps_rollup (AnonHugePages), /proc/self/clear_refs (the peak
 reset), getrusage (page faults), and a segment's st_blocks (tmpfs pages really allocated).
-Used by ``shmlab.lessons.share_parts`` (notebook 13).
+Used by notebook 13 and ``shmlab.lessons.share_parts``.
 """
 
 from __future__ import annotations

@@ -9,74 +9,21 @@ Mirrors: THPStorage_shareFd in torch/csrc/StorageSharing.cpp, whose three steps 
                                                    # for each page it writes (GIL released)
     storage.set_data_ptr(new_storage's pointer)    # the old DataPtr dies: free() -> munmap
 
-torch runs them in C++, so from Python they are timed *by hand*, one public call each
-(``UntypedStorage._new_shared``, ``copy_``, ``del``), beside the real ``share_memory_()``; the
-page faults show the two do the same work. shmlab's ``share_memory_`` is Python, so its own
-parts are timed in place (``parts_of``: the functions it calls are wrapped for the length of one
-call, and nothing else changes). What is timed is shown, never asserted: timings are noise on a
-busy machine. What is asserted is counted: page faults, bytes allocated, bytes resident.
-
-Every measurement runs on a fresh, fully touched tensor in this process and leaves nothing.
+Notebook 13 writes the runs (torch's call, its steps by hand, shmlab's call, shmlab's OS layer
+driven torch's way); this module holds what they share: ``parts_of`` times the functions
+shmlab's Python ``share_memory_`` calls *in place* (each is wrapped for the length of one call,
+and nothing else changes), ``medians`` and ``copies`` summarise the runs, ``plot`` draws them.
+What is timed is shown, never asserted: timings are noise on a busy machine. What is asserted
+is counted: page faults, bytes allocated, bytes resident.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import statistics
 import time
 
-import numpy as np
-
-from ..harness.libs import load
-from .memprobe import Clock, allocated, faults, memory, reset_peak
-
-
-# --- torch: the whole call, and its three steps by hand ------------------------------------------
-def _torch_tensor(nbytes: int):
-    import torch
-
-    return torch.ones(nbytes // 4)  # every page touched: a private copy really in memory
-
-
-def torch_whole(nbytes: int) -> dict:
-    """One ``share_memory_()``: its time and faults, and memory before, at the peak, after."""
-    base = memory()
-    t = _torch_tensor(nbytes)
-    before, peaked = memory(), reset_peak()
-    clock = Clock()
-    t.share_memory_()
-    clock.lap("share_memory_()")
-    after = memory()
-    fd = t.untyped_storage()._share_fd_cpu_()[0]  # already shared: just its fd
-    return {"parts": clock.parts, "base": base, "before": before, "after": after,
-            "peak": after["VmHWM"] if peaked else None, "segment": allocated(fd)}
-
-
-def torch_by_hand(nbytes: int) -> dict:
-    """What ``share_memory_()`` does, one public call per step, timed apart."""
-    import torch
-
-    old = [_torch_tensor(nbytes).untyped_storage()]
-    clock = Clock()
-    new = torch.UntypedStorage._new_shared(nbytes)  # shm_open + posix_fallocate + mmap + unlink
-    clock.lap("allocate", segment=allocated(new._share_fd_cpu_()[0]))
-    new.copy_(old[0])  # memcpy through the fresh mapping
-    clock.lap("copy")
-    old.pop()  # the last reference: free() of the private buffer
-    clock.lap("free old")
-    return {"parts": clock.parts}
-
-
-# --- shmlab: its own share_memory_(), timed in place -------------------------------------------
-# (module, attribute, part): what shmlab.storage -> _shm.unlinked -> _shm.segment call, in order.
-def _shmlab_steps():
-    from shmlab import storage
-    from shmlab._shm import segment, unlinked
-
-    return [(segment, "open_segment", "shm_open"), (segment, "fill", "allocate + copy"),
-            (unlinked, "Mapping", "mmap"), (unlinked, "shm_unlink", "shm_unlink"),
-            (storage.UntypedStorage, "_adopt", "swap, free old")]
+from .memprobe import faults
 
 
 @contextlib.contextmanager
@@ -103,77 +50,6 @@ def parts_of(steps, on_fill=None):
     finally:
         for mod, name, real in saved:
             setattr(mod, name, real)
-
-
-def _shmlab_tensor(nbytes: int):
-    import shmlab
-
-    return shmlab.empty(nbytes // 4).fill_(1.0)  # its own buffer, every page touched
-
-
-def shmlab_parts(nbytes: int) -> dict:
-    """shmlab's ``share_memory_()`` with its parts timed, and memory at the peak and after."""
-    base = memory()
-    t = _shmlab_tensor(nbytes)
-    before, peaked = memory(), reset_peak()
-    at_fill = lambda fd: {"segment": allocated(fd), "anon": memory(huge=False)["RssAnon"]}  # noqa: E731
-    t0 = time.perf_counter()
-    with parts_of(_shmlab_steps(), at_fill) as parts:
-        t.share_memory_()
-    total = time.perf_counter() - t0
-    after = memory()
-    fd = t.untyped_storage()._fd
-    parts["rest"] = {"s": max(0.0, total - sum(p["s"] for p in parts.values())), "faults": 0}
-    return {"parts": parts, "total": total, "base": base, "before": before, "after": after,
-            "peak": after["VmHWM"] if peaked else None, "segment": allocated(fd)}
-
-
-def shmlab_torch_way(nbytes: int) -> dict:
-    """shmlab's OS layer driven torch's way: fallocate the segment, then copy through the map."""
-    from shmlab import _shm
-
-    old = [_shmlab_tensor(nbytes).numpy()]
-    clock = Clock()
-    fd, mapping = _shm.create_unlinked(nbytes)  # no data: posix_fallocate, as torch does
-    clock.lap("allocate", segment=allocated(fd))
-    np.copyto(np.frombuffer(mapping.buffer(), np.float32), old[0])
-    clock.lap("copy")
-    old.pop()
-    clock.lap("free old")
-    os.close(fd)
-    return {"parts": clock.parts}
-
-
-RUNS = {"torch share_memory_()": torch_whole, "torch by hand": torch_by_hand,
-        "shmlab share_memory_()": shmlab_parts, "shmlab, torch's way": shmlab_torch_way}
-
-
-@contextlib.contextmanager
-def _file_descriptor():
-    """Both libraries on the default strategy for the block (a notebook may have changed it)."""
-    mps = [load(lib)[1] for lib in ("torch", "shmlab")]
-    was = [mp.get_sharing_strategy() for mp in mps]
-    try:
-        for mp in mps:
-            mp.set_sharing_strategy("file_descriptor")
-        yield
-    finally:
-        for mp, strategy in zip(mps, was, strict=True):
-            mp.set_sharing_strategy(strategy)
-
-
-def measure(nbytes: int, repeats: int = 3, budget_s: float = 12.0) -> dict:
-    """Every run of RUNS, interleaved, ``repeats`` times at most: no new round starts once
-    ``budget_s`` seconds are spent (a busy machine gets fewer rounds, never fewer than one).
-    {run: [result, ...]}; torch is imported first, so its pages are in no baseline."""
-    results, start = {name: [] for name in RUNS}, time.monotonic()
-    with _file_descriptor():
-        for _ in range(repeats):
-            for name, run in RUNS.items():
-                results[name].append(run(nbytes))
-            if time.monotonic() - start > budget_s:
-                break
-    return results
 
 
 def medians(results: dict) -> dict:

@@ -47,17 +47,12 @@ OBSERVATION = {"fds"}
 SCENES: dict[str, set[str] | None] = {
     "shmlab.harness.holder": None,          # the tensor-holding actor's commands
     "shmlab.lessons.channels": None,        # Process/Pool/Queue targets that receive tensors
-    # crashes, inflight, trackers, share_parts: notebooks 12 and 13 now write their experiments;
-    # what they still import from these modules observes (look, fds_on, rows, report, parts_of)
-    "shmlab.lessons.crashes": {"start", "run", "consumer_dies", "producer_dies", "never_received"},
     "shmlab.lessons.cuda": None,
-    # not scenes: lessons.errors.run (in_child, run_python, Scene: run a function in a child and
-    # report how it ended) observes; lessons.errors.namespaces (a small private /dev/shm, a pid
-    # namespace) sets up the environment
-    "shmlab.lessons.inflight": {"timeline"},
-    "shmlab.lessons.share_parts": {"torch_whole", "torch_by_hand", "shmlab_parts",
-                                   "shmlab_torch_way", "measure"},
-    "shmlab.lessons.trackers": {"creator", "launch", "kill"},
+    # not scenes: lessons.crashes, inflight, trackers and share_parts only look (look, fds_on,
+    # rows, watch_gone, parts_of: notebooks 12 and 13 write their experiments);
+    # lessons.errors.run (in_child, run_python, Scene: run a function in a child and report how
+    # it ended) observes; lessons.errors.namespaces (a small private /dev/shm, a pid namespace)
+    # sets up the environment
     # the Hogwild worker; run_hogwild is the reference run notebook 07 compares DDP with (the
     # loop itself is notebook 06's lesson, written there); data, model and evidence observe
     "shmlab.examples.hogwild": {"train"},
@@ -235,8 +230,8 @@ def test_the_check_flags_string_commands_and_scene_functions():
         "def scenario(S):\n    S('send', 'r')\n\nscenario(SENDER['torch'])",
         "S, R = SENDER['torch'], session.actor(lambda: {})\nR('recv', 'r', 1)\n"
         "S.send('drop', 'r')",
-        "%time x = 1\nfrom shmlab.lessons import channels, fdpath, share_parts\n"
-        "share_parts.measure(1)\n"
+        "%time x = 1\nfrom shmlab.lessons import channels, fdpath\n"
+        "from shmlab.examples import hogwild\nhogwild.train(1)\n"
         "fdpath.segment_bytes(1, 2)",                               # observation: allowed
         "from shmlab.lessons.channels import pool_write",
         "import shmlab.examples.ddp",
@@ -245,7 +240,7 @@ def test_the_check_flags_string_commands_and_scene_functions():
     expected = [("cell 1", "'make'"), ("cell 2", "'send'"), ("cell 3", "'recv'"),
                 ("cell 3", "'drop'"),
                 ("cell 4", "scene module shmlab.lessons.channels"),
-                ("cell 4", "scene function shmlab.lessons.share_parts.measure"),
+                ("cell 4", "scene function shmlab.examples.hogwild.train"),
                 ("cell 5", "pool_write from the scene module shmlab.lessons.channels"),
                 ("cell 6", "scene module shmlab.examples.ddp")]
     assert len(problems) == len(expected), problems
