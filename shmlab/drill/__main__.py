@@ -1,4 +1,5 @@
-"""`python -m shmlab.drill`: the interview drill in a terminal (see shmlab.drill.cli)."""
+"""`python -m shmlab.drill`, the same as `python -m shmlab drill`: the interview drill in a
+terminal (see shmlab.drill.cli)."""
 
 import sys
 

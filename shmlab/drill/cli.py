@@ -1,10 +1,10 @@
-"""The terminal mode: `python -m shmlab.drill` asks a few cards, you grade yourself.
+"""The terminal mode: `python -m shmlab drill` asks a few cards, you grade yourself.
 
 Each card: the question is printed; type your answer (or just think it) and press Enter; the
 answer, the common wrong answer and the notebook section that proves it are printed; grade it
 1 again, 2 hard, 3 good, 4 easy (or the word), q to stop. State is saved after every grade (see
 shmlab.drill.state), so the next session picks up where this one stopped. Reads plain lines from
-stdin, so it can be scripted: `printf '\\n3\\n' | python -m shmlab.drill --cards 1`.
+stdin, so it can be scripted: `printf '\\n3\\n' | python -m shmlab drill --cards 1`.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ KEYS = {"1": "again", "2": "hard", "3": "good", "4": "easy", **{g: g for g in GR
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m shmlab.drill", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m shmlab drill", description=__doc__.split("\n")[0])
     p.add_argument("--cards", type=int, default=5, help="cards this session (default 5)")
     p.add_argument("--lang", choices=("en", "zh", "both"), default="both")
     p.add_argument("--question", action="append", choices=bank.QUESTIONS,

@@ -1,4 +1,4 @@
-"""``python -m shmlab.labs release [--student DIR] | grade NOTEBOOK... | hash DIR |
+"""``python -m shmlab labs release [--student DIR] | grade NOTEBOOK... | hash DIR |
 nbgrader-course DIR``."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from . import release as releasing
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m shmlab.labs")
+    parser = argparse.ArgumentParser(prog="python -m shmlab labs")
     sub = parser.add_subparsers(dest="command", required=True)
     rel = sub.add_parser("release", help="write the learner copies (into labs/) from the "
                                           "instructor copies in shmlab/labs/source/")
@@ -60,7 +60,7 @@ def main(argv=None) -> int:
             stale = releasing.out_of_date(out_dir=args.out)
             for name in stale:
                 print(f"out of date: {os.path.join(args.out, name)} "
-                      f"(run: python -m shmlab.labs release)")
+                      f"(run: python -m shmlab labs release)")
             return 1 if stale else 0
         for path in releasing.release(out_dir=args.out):
             print(f"wrote {path}")

@@ -82,7 +82,7 @@ class _Parser(argparse.ArgumentParser):
 def parse_options(argv: list[str]) -> argparse.Namespace:
     """The daemon's options: --grace (or $SHMLAB_MANAGER_GRACE), --max-clients,
     --max-observers and --log-bytes (or $SHMLAB_MANAGER_LOG_BYTES)."""
-    parser = _Parser(prog=f"python -m {DAEMON_MODULE}",
+    parser = _Parser(prog="python -m shmlab manager",  # = python -m shmlab.manager
                      description="The shm manager daemon (see shmlab/manager/daemon.py).")
     parser.add_argument("--grace", type=float,
                         default=os.environ.get("SHMLAB_MANAGER_GRACE", DEFAULT_GRACE_S),

@@ -279,6 +279,22 @@ def test_python_m_shmlab_dispatches_through_its_command_table(capsys):
     assert "--yes only makes sense with --clean" in capsys.readouterr().err
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("command", ["doctor", "drill", "bench", "stress", "labs", "manager"])
+def test_every_command_s_help_names_the_one_command_line(command):
+    """One command line: each command's usage reads ``python -m shmlab <command>``, also where
+    the module runs under its own name (the manager is exec'd as ``python -m shmlab.manager``)."""
+    assert command in shmlab_main.COMMANDS
+    out = subprocess.run([sys.executable, "-m", "shmlab", command, "--help"], env=ENV,
+                         capture_output=True, text=True, timeout=90, stdin=subprocess.DEVNULL)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith(f"usage: python -m shmlab {command} "), out.stdout[:200]
+
+
+def test_the_command_table_is_the_six_commands():
+    assert set(shmlab_main.COMMANDS) == {"doctor", "drill", "bench", "stress", "labs", "manager"}
+
+
 def test_a_tiny_dev_shm_in_a_container_gets_the_container_fixes(monkeypatch):
     class Vfs:  # Docker's default: 64 MiB
         f_blocks, f_frsize, f_bavail, f_files, f_favail = 16384, 4096, 16000, 1000, 990
