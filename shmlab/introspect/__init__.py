@@ -19,11 +19,12 @@ leaked segments a diagnosis marked ``cleanable`` (``python -m shmlab doctor --cl
 Note [psutil, and /proc where psutil has nothing]
 psutil answers the per-process questions (rlimit, cmdline, unix sockets). Two it cannot:
 - fd kinds: ``Process.open_files()`` skips sockets, pipes and deleted files, the very fds the
-  file_descriptor strategy keeps (``/dev/shm/torch_... (deleted)``), and takes ~24 ms for
-  1,000 fds; a ``readlink`` of each ``/proc/<pid>/fd/<n>`` takes ~6 ms (2-CPU VM, idle).
-- a fast process table: ``process_iter(["name"])`` takes ~5 ms for 74 processes; one pass over
-  ``/proc/*/stat`` takes ~1 ms and serves the family, the managers and "creator alive?".
-  (benchmarks/introspect_refresh.py measures both.)
+  file_descriptor strategy keeps (``/dev/shm/torch_... (deleted)``), and is slower than a
+  ``readlink`` of each ``/proc/<pid>/fd/<n>``.
+- a fast process table: one pass over ``/proc/*/stat`` is faster than
+  ``process_iter(["name"])`` and serves the family, the managers and "creator alive?".
+  (benchmarks/introspect_refresh.py measures both; the figures: docs/benchmarks.md,
+  "Reading /proc".)
 A process may exit, or an fd close, between listing and reading: whatever vanished in between
 is skipped, so a refresh never raises for it.
 """

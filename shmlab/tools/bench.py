@@ -124,7 +124,7 @@ def handoff(sizes=SIZES, scale: float = 1.0) -> list[dict]:
     child.start()
     rows = []
     # gc.collect() before each trip keeps the last trip's garbage out of the next one, but
-    # with torch imported a full collection walks ~10^6 objects (0.15 s a trip, measured).
+    # with torch imported a full collection walks about a million objects, a long pause a trip.
     # freeze() parks everything alive now where collections do not look, so each collect
     # walks only what the trips made.
     gc.freeze()

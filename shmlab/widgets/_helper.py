@@ -3,12 +3,12 @@
 Note [Probing off the timed path]
 A refresh reads /proc and /dev/shm: a few hundred syscalls and as many small Python objects,
 most of a tick's cost. Done on the kernel's refresh thread it holds the kernel's GIL, and a
-round trip that starts meanwhile waits for it: the widgets' note measured a running dashboard
-adding 1.9 % of wall time but 1.6x to one trip's median. So the refresh thread only asks; a
-helper process (``serve`` below) does the probing, on its own GIL and, on
-a machine with a core to spare, on its own core, and sends back the Snapshot (under 1 KiB
-pickled). While it waits for the answer the refresh thread blocks in recv(), GIL released;
-what stays in the kernel is unpickling the answer and drawing the views.
+round trip that starts meanwhile waits for it: a running dashboard costs little of the wall
+time but lengthens the trips it delays (docs/benchmarks.md, "Dashboard overhead: probing in the
+kernel"). So the refresh thread only asks; a helper process (``serve`` below) does the
+probing, on its own GIL and, on a machine with a core to spare, on its own core, and sends back
+the Snapshot (under 1 KiB pickled). While it waits for the answer the refresh thread blocks in
+recv(), GIL released; what stays in the kernel is unpickling the answer and drawing the views.
 
 What the helper must not change is what the widgets show:
   * it watches the kernel's family (``Prober(root=kernel)``), hiding its own pid;

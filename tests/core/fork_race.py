@@ -1,4 +1,4 @@
-"""Reproduce issue 19: a fork while a Queue's feeder thread makes the first file_system share.
+"""Reproduce a fork while a Queue's feeder thread makes the first file_system share.
 
     python tests/core/fork_race.py --lib shmlab --runs 20 [--switch 1e-5] [--cold] [--wait 5]
 

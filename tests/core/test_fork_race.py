@@ -1,13 +1,14 @@
-"""Issue 19: a fork while a Queue's feeder thread makes the process's first file_system share.
+"""A fork while a Queue's feeder thread makes the process's first file_system share.
 
 Each library runs tests/core/fork_race.py's reproduction (upstream's test_fill: q.put([x, x[:, 1]])
 then at once a fork child that writes into the received tensor) RUNS times, each in a fresh
 interpreter with sys.setswitchinterval(1e-5) so that the feeder thread and the forking main
-thread interleave finely. Before the fix shmlab hung in about 3 runs in 10 (the child blocked
-on the import lock of a lazily imported module) and, with only that fixed, in 6 in 20 (the
-child held the write end of Popen's exec-error pipe while the feeder waited on it, and the
-manager's grace ran out: ManagerError ENOENT). See Note [Forking while the first share is in
-flight] in shmlab/storage.py and Note [Forking while a manager starts] in client.py.
+thread interleave finely. Two ways it can hang: the child blocks on the import lock of a
+lazily imported module, or the child holds the write end of Popen's exec-error pipe while the
+feeder waits on it, and the manager's grace runs out (ManagerError ENOENT). RUNS is enough to
+see either (how often each showed: docs/benchmarks.md, "How often the fork race hung"). See
+Note [Forking while the first share is in flight] in shmlab/storage.py and Note [Forking while
+a manager starts] in client.py.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """shmlab behaves as torch does: each scenario runs on both, in one test, and is compared.
 
-These are the learner-visible behaviours of issue 3: pickling moves storage to shared memory,
+These are the learner-visible behaviours: pickling moves storage to shared memory,
 writes cross process boundaries on every channel and start method, views travel as views,
 empty tensors need no segment, fd accounting, and an empty /dev/shm under file_descriptor.
 """

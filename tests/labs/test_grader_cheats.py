@@ -244,7 +244,7 @@ def measure():
             "hogwild_seconds": took, "hogwild_accuracy": acc}
 """),
 
-    # The exercises added for issue 14's "richer labs": the most tempting mistake in each.
+    # The richer exercises: the most tempting mistake in each.
     "lab2 receive_storage never closes the received fd": ("lab2_file_descriptors",
                                                           "ex4_fd_ledger", """
 def receive_storage(sock, size, cache):

@@ -44,7 +44,7 @@ LAB = "lab1_reducers"
 # constraints files of Python 3.11-3.13 (nbgrader 0.9.6 needs Python >= 3.11).
 NBGRADER = ["nbgrader==0.9.6", "alembic==1.20.1", "mako==1.4.3", "notebook==7.6.5",
             "rapidfuzz==3.14.6", "sqlalchemy==2.1.9"]
-# A wrong answer from issue 14's list: a constant instead of a measurement.
+# A tempting wrong answer: a constant instead of a measurement.
 WRONG = {"ex3_pickle_size": "def pickle_size(n):\n    return 100\n"}
 INSTALL_TIMEOUT = 600
 NBGRADER_TIMEOUT = 300

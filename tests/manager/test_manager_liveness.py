@@ -3,7 +3,7 @@
 Mirrors: torch/lib/libshm/manager.cpp, which counts connections; we count live processes
 (see Note [A dropped connection is not a dead process] in shmlab/manager/liveness.py).
 Real processes, real sockets, SIGSTOP/SIGCONT on the real daemon; torch side by side where it
-has the behaviour. Figures before the fix are in the docstrings (issue 15).
+has the behaviour.
 """
 
 from __future__ import annotations
@@ -125,10 +125,10 @@ def holders():
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("lib", LIBS)
 def test_a_stalled_manager_keeps_every_live_segment(holders, lib):
-    """SIGSTOP the manager 2.2 s while the family allocates. Before the fix shmlab's client
-    closed its socket on the 1 s timeout, so after SIGCONT and the 2 s grace the manager
-    unlinked the family's 3 live segments and the next allocation failed (ManagerError);
-    torch raised the same 1 s error but kept all 3. Now both keep all 3."""
+    """SIGSTOP the manager 2.2 s while the family allocates. The allocation in the stall fails
+    on the 1 s timeout, as torch's does; the client must not close its socket for it (after
+    SIGCONT and the 2 s grace the manager would unlink the family's 3 live segments). Both
+    keep all 3."""
     h = holders(lib, "stall")
     time.sleep(0.3)
     faults.stall(h.manager, 2.2)

@@ -1,7 +1,7 @@
 """The manager under load: big STATUS, silent observers, floods of bad lines, a hogging peer.
 
 Mirrors: torch/lib/libshm/manager.cpp has no STATUS, no observers and no log, so there is no
-torch side here; the figures before the fix (issue 15) are in the docstrings. Each test runs
+torch side here; each docstring names the failure the test guards against. Each test runs
 a real daemon, attacks it with shmlab.testing.faults over real sockets, and ends with the
 daemon exiting on its own (exit 0, directory gone), so the leak checker finds nothing.
 """
@@ -77,11 +77,10 @@ def leave(sock) -> None:
 
 @pytest.mark.timeout(120)
 def test_status_of_8000_segments_drops_nobody_and_frees_nothing(daemon):
-    """Before: with 8,000 live segments a STATUS answer did not fit the socket buffer, the
-    manager dropped the family's only client "not reading its replies" and unlinked all
-    8,000 after the grace period (4,000 still worked). Now answers are pages, queued and sent
-    as the reader takes them: a reader that asks for 20 pages before reading a byte is slowed
-    down, not dropped, and all 8,000 survive."""
+    """A STATUS answer for 8,000 live segments does not fit the socket buffer: a manager that
+    drops a client "not reading its replies" would unlink all 8,000 after the grace period.
+    Answers are pages, queued and sent as the reader takes them: a reader that asks for 20
+    pages before reading a byte is slowed down, not dropped, and all 8,000 survive."""
     d = daemon()
     sock, names = faults.fill(d.path, 8000)  # the family's only client
     try:
@@ -109,10 +108,10 @@ def test_status_of_8000_segments_drops_nobody_and_frees_nothing(daemon):
 
 @pytest.mark.timeout(120)
 def test_400_silent_observers_are_capped_and_dropped_quietly(daemon):
-    """Before: 400 WATCH observers that never read crashed the manager with RecursionError
-    (event -> send -> drop -> event ...): nothing reclaimed, its directory left behind.
-    Now 64 are admitted (the cap), their events are queued, each is dropped once it is
-    256 KiB behind, without any event about it, and a reading observer sees every event."""
+    """400 WATCH observers that never read must not crash the manager (dropping one must not
+    emit an event that is sent, and drops, ...: RecursionError, nothing reclaimed). 64 are
+    admitted (the cap), their events are queued, each is dropped once it is 256 KiB behind,
+    without any event about it, and a reading observer sees every event."""
     d = daemon()
     seen: list[dict] = []
     reader = mc.watch(d.path.encode(), timeout=20)
@@ -164,9 +163,9 @@ def test_shutdown_unlinks_and_removes_its_dir_even_if_events_fail(monkeypatch, t
 
 @pytest.mark.timeout(60)
 def test_a_free_flood_is_cut_off_and_refusals_are_rate_limited(daemon):
-    """Before: 5 MiB of b"FREE\n" (replies never read) made 1,048,576 "refused" events,
-    117 MB of log in 25 s. Now the connection is closed after MAX_BAD_LINES bad lines and
-    refusals are rate-limited per connection: a few dozen events, a few KB."""
+    """5 MiB of b"FREE\n" (replies never read) must not write an event per line (a million
+    "refused" events, a log of 100+ MB): the connection is closed after MAX_BAD_LINES bad lines
+    and refusals are rate-limited per connection: a few dozen events, a few KB."""
     d = daemon()
     keep = faults.connect(d.path)
     flood = faults.free_flood(d.path, 5 << 20)
@@ -199,8 +198,8 @@ def test_a_free_flood_is_cut_off_and_refusals_are_rate_limited(daemon):
 
 @pytest.mark.timeout(60)
 def test_the_event_log_rotates_at_its_cap(daemon):
-    """Before: 489 bytes per tensor, never rotated. Now events.jsonl rotates to
-    events.jsonl.1 past --log-bytes: at most twice the cap on disk."""
+    """A log that grows with every tensor must not grow forever: events.jsonl rotates to
+    events.jsonl.1 past --log-bytes, at most twice the cap on disk."""
     cap = 64 << 10
     d = daemon("--log-bytes", str(cap))
     sock, names = faults.fill(d.path, 1500)  # ~200 KB of "registered" events
@@ -221,10 +220,10 @@ def test_the_event_log_rotates_at_its_cap(daemon):
 
 @pytest.mark.timeout(120)
 def test_a_status_storm_and_a_pipelining_peer_cannot_starve_register(daemon):
-    """Before: 262,144 names, two threads asking STATUS back to back (0.14 s and 7 MB each):
-    4,084 connections queued, 20 of 20 REGISTERs timed out. Now a STATUS is one page, and
-    each connection gets LINES_PER_TURN lines a loop turn: REGISTER answers within ~0.1 s
-    while two threads storm STATUS and a third peer pipelines 2,000 STATUS it never reads."""
+    """STATUS storms must not starve REGISTER (with a whole-table STATUS of 262,144 names,
+    every REGISTER timed out): a STATUS is one page, and each connection gets LINES_PER_TURN
+    lines a loop turn, so REGISTER answers within ~0.1 s while two threads storm STATUS and a
+    third peer pipelines 2,000 STATUS it never reads."""
     d = daemon()
     sock, buf, pid = faults.connect(d.path, timeout=60), bytearray(), os.getpid()
     total = 50_000  # names need not exist to be registered; enough to make STATUS costly

@@ -103,7 +103,7 @@ def _orphaned_manager(env: dict) -> int:
 def test_leakcheck_blames_only_orphaned_managers_of_its_own_run():
     """Two real shmlab managers orphaned the same way: one started under this run's marker,
     one under another run's (the environment a test run next to ours gives its children).
-    Before: both counted as this test's leak (and were killed) once re-parented to init."""
+    Only ours is this test's leak once both are re-parented to init; the other is not killed."""
     from support import leakcheck
 
     ours = theirs = None
@@ -167,8 +167,8 @@ def _file_maker(env: dict, go: Path) -> tuple[subprocess.Popen, str]:
 def test_leakcheck_leaves_files_of_other_runs_alone(pytester, monkeypatch):
     """A run's test is watched while two programs outside its process family make a
     /dev/shm/shmlab_<pid>_x_0 file each and exit: one with no run marker at all (env
-    stripped), one with another run's marker. Before: both files counted as the test's leak
-    (creator dead) and were unlinked under their owners."""
+    stripped), one with another run's marker. Neither counts as the test's leak (though its
+    creator is dead), so neither is unlinked under its owner."""
     from support import leakcheck
 
     go = pytester.path / "go"
@@ -246,10 +246,10 @@ def test_leakcheck_catches_a_file_left_by_a_child_that_has_exited(pytester, monk
 def test_leakcheck_opens_no_fd_and_runs_no_thread_in_the_test_process():
     """While this test runs (the leak checker watching it), this process's fds stay as they
     are: its fds, counted back to back for 1 s (tens of thousands of counts, nothing else
-    running), never change, and no thread of the checker exists. A watcher thread here
-    listed /proc and /dev/shm every 50 ms, holding a directory fd ~0.1 ms each time: about
-    100 of these counts saw it (and 1 to 3 of 500 counts 2 ms apart), as fd-counting tests
-    did (Note [Whose /dev/shm file is it?] in support/leakcheck.py)."""
+    running), never change, and no thread of the checker exists: a watcher thread here,
+    listing /proc and /dev/shm with a directory fd open, would show in such counts, as it
+    would in the fd-counting tests (Note [Whose /dev/shm file is it?] in
+    support/leakcheck.py)."""
     counts = collections.Counter()
     deadline = time.monotonic() + 1
     while time.monotonic() < deadline:

@@ -1,4 +1,4 @@
-"""The notebooks' pictures (issue 12, section 3): six topics, each with its Mermaid diagram.
+"""The notebooks' pictures: six topics, each with its Mermaid diagram.
 
 Cheap, no browser: each required diagram is a ```mermaid fence in a Markdown cell of the notebook
 that teaches its topic, and says the words that make it that diagram (the table below); there

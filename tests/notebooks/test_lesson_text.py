@@ -1,4 +1,4 @@
-"""The learner's path (issue 12, section 4): short 30-second answers, full-width punctuation in
+"""The learner's path: short 30-second answers, full-width punctuation in
 Chinese, and self-check answers that Run All does not spoil.
 
 * The "## The 30-second answer" cell of every notebook: its English part (after ``**English.**``)

@@ -1,6 +1,6 @@
 """An experiment's torch code is in the notebook, where a learner reads, edits and re-runs it.
 
-Issue 24 item 1. Two checks:
+Two checks:
 
 * ``visible_code_problems`` reads every notebook's code cells (AST) and names each place an
   experiment's torch work is driven from outside the notebook:

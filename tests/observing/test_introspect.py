@@ -370,7 +370,7 @@ def test_partial_snapshot_reads_the_table_it_is_given_and_keeps_the_parts_it_is_
 def test_events_read_the_rotated_log_first_then_the_current_one():
     """A real manager with the smallest log (--log-bytes 4096): 60 REGISTERs (~125 bytes
     each) rotate events.jsonl once into events.jsonl.1; events() gives all of them, oldest
-    first, from "started" on. (Before: only events.jsonl, i.e. from the rotation on.)"""
+    first, from "started" on (not only events.jsonl's, from the rotation on)."""
     from shmlab.testing import faults
 
     daemon = subprocess.Popen([sys.executable, "-m", "shmlab.manager", "--grace", "0.3",

@@ -1,4 +1,4 @@
-"""shmlab installs and runs on the supported Pythons found on this machine (issue 18).
+"""shmlab installs and runs on the supported Pythons found on this machine.
 
 Which interpreters: of the Makefile's PYTHONS, those found here (pyenv's versions, `python3.N` on
 PATH, `/usr/bin/python3`). SHMLAB_PYTHONS says which of them run:

@@ -28,8 +28,8 @@ import sys
 SHM_DIR = "/dev/shm"
 SHM_PREFIXES = ("torch_", "shmlab_", "psm_")
 # How often a watched family is recorded even when no file appears and nobody forks.
-POLL_S = 0.05  # inotify and the fork pipe wake it sooner. Cost: ~1 % of a core while a test
-# is watched (0.11 s CPU in a 10 s idle test, measured on a loaded 2-core machine), 0 between tests
+POLL_S = 0.05  # inotify and the fork pipe wake it sooner; it costs a little CPU while a test is
+# watched (docs/benchmarks.md, "The leak checker's cost"), none between tests
 
 
 def shm_names() -> set[str]:

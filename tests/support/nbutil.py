@@ -32,7 +32,7 @@ NOTEBOOK_TIMEOUT = int(os.environ.get("SHMLAB_NOTEBOOK_TIMEOUT", "300"))  # seco
 ARTIFACTS = REPO / "test-artifacts"  # executed copies of failing notebooks land here (ignored)
 # nbstripout's notion of "stripped", keeping our meaningful cell ids.
 NBSTRIPOUT_ARGS = ("--keep-id",)
-# Each notebook's headless budget on a quiet 2-core machine (issue 12): 60 s, the two training
+# Each notebook's headless budget on a quiet 2-core machine: 60 s, the two training
 # notebooks 90 s. Not a timed test — the machine is shared and noisy — but every headless run
 # is written to TIMES_FILE and the end of the run prints a table that marks what went over.
 BUDGET_S = 60
