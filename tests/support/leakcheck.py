@@ -304,6 +304,24 @@ def clean_up(left: dict[str, set]) -> None:
             pass
 
 
+# Note [POSIX semaphores are reported, not failed]
+# multiprocessing's locks under spawn and forkserver are named POSIX semaphores,
+# /dev/shm/sem.mp-<random>: the creator registers each with the resource tracker, unlinks it
+# when the lock is collected, and the tracker unlinks what is left when the run ends. One that
+# outlives a test is a leak for the length of the run, but its name carries no creator pid, so
+# on a shared /dev/shm (xdist workers, other runs on the machine) the checker cannot tell it
+# from another run's. So they are reported at the end of the run (SEM_LEFT), never failed.
+SEM_PREFIX = "sem.mp-"
+SEM_LEFT: list[tuple[str, list[str]]] = []  # (test id, its sem.mp-* names still there)
+
+
+def _sems() -> set[str]:
+    try:
+        return {n for n in os.listdir(SHM_DIR) if n.startswith(SEM_PREFIX)}
+    except FileNotFoundError:
+        return set()
+
+
 @pytest.fixture(autouse=True)
 def no_leaks(request):
     """Fail the test if it leaves a /dev/shm segment, a child or a manager daemon behind."""
@@ -311,6 +329,7 @@ def no_leaks(request):
         yield
         return
     watch = _watcher()
+    sems = _sems()
     before = snapshot()  # no shm entry: the watcher knows what was there
     watch.begin()
     try:
@@ -322,6 +341,8 @@ def no_leaks(request):
             left = leftovers(before, watch)
     finally:
         watch.end()
+    if sem_left := sorted(_sems() - sems):
+        SEM_LEFT.append((request.node.nodeid, sem_left))
     if not left:
         return
     lines = []
@@ -334,6 +355,14 @@ def no_leaks(request):
         f"test left these behind after {GRACE_S:.0f} s (now removed):\n" + "\n".join(lines),
         pytrace=False,
     )
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Name the tests after which a multiprocessing semaphore was still in /dev/shm."""
+    if SEM_LEFT:
+        terminalreporter.section("sem.mp-* left after a test (reported, not failed)")
+        for nodeid, names in SEM_LEFT:
+            terminalreporter.write_line(f"{nodeid}: {', '.join(names)}")
 
 
 def pytest_configure(config):
