@@ -21,6 +21,7 @@ TORCH_RUNS = 5  # torch is only the comparison here, and a fresh interpreter imp
 WAIT_S = 5.0  # a run that has not finished by then is a hang (a good one takes ~0.1 s)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(RUNS * (WAIT_S + 15) + 60)
 @pytest.mark.parametrize("lib", ["torch", "shmlab"])
 def test_fork_during_the_first_file_system_share_does_not_hang(lib):

@@ -32,9 +32,12 @@ NAMES = unittest.TestLoader().getTestCaseNames(upstream_multiprocessing.TestMult
 LIMIT_S = 480
 
 # One run of the port answers a whole (lib, method) group: under pytest-xdist the group's cases
-# stay on one worker (one xdist_group each), or every worker would run the port again.
+# stay on one worker (one xdist_group each), or every worker would run the port again. The fork
+# groups are the fast set's (`make test-fast`); spawn and forkserver start a fresh interpreter
+# per child, minutes per group, so they are `slow` and run in `make test`.
 CASES = [pytest.param(name, method, lib, id=f"{name}-{method}-{lib}",
-                      marks=pytest.mark.xdist_group(f"upstream-{lib}-{method}"))
+                      marks=[pytest.mark.xdist_group(f"upstream-{lib}-{method}")]
+                      + ([] if method == "fork" else [pytest.mark.slow]))
          for method in METHODS for lib in LIBS for name in NAMES]
 _groups: dict[tuple[str, str], dict] = {}
 
