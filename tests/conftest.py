@@ -11,7 +11,7 @@ import pytest
 # and prove that it fails a leaking test.
 sys.path.insert(0, os.path.dirname(__file__))
 pytest_plugins = ["support.leakcheck", "pytester", "support.families", "support.managers",
-                  "support.xdistgroups"]
+                  "support.xdistgroups", "support.cost"]
 
 # Note [The longest tests first]
 # `make test` runs the suite on pytest-xdist workers (--dist loadgroup --no-loadscope-reorder),
