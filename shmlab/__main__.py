@@ -6,6 +6,7 @@
     python -m shmlab stress [--trials N] [--faults]       kill families, check what they leave
     python -m shmlab labs release|grade|hash|...          the labs' instructor commands
     python -m shmlab manager [--grace S]                  run a manager daemon in the foreground
+    python -m shmlab facts render|merge|check             the fact base behind docs/CLAIMS.md
 
 Each command's ``--help`` says the rest. ``python -m shmlab.labs`` and ``python -m
 shmlab.manager`` still work (the client starts its daemon with the latter).
@@ -27,6 +28,7 @@ COMMANDS = {
     "stress": ("shmlab.testing.stress", "families killed at random points: leaks and stuck runs"),
     "labs": ("shmlab.labs.__main__", "the labs: release, grade, hash, nbgrader-course"),
     "manager": ("shmlab.manager", "the shm manager daemon, exactly as the client starts it"),
+    "facts": ("shmlab.facts.__main__", "the fact base: render docs/CLAIMS.md, merge, check"),
 }
 # Run as ``python -m MODULE`` in place of this process: a daemon is known by that command line
 # (introspect and the doctor look for ``shmlab.manager`` in it, DAEMON_MODULE).

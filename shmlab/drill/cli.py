@@ -46,7 +46,8 @@ def ask(card, lang: str, read, out) -> str | None:
         return None
     print(f"\n{card.text('answer', lang)}", file=out)
     print(f"\n✗ {card.text('wrong', lang)}\n  → {card.text('why_wrong', lang)}", file=out)
-    print(f"\nsee notebooks/{card.link}", file=out)
+    cites = f" (claims {', '.join(card.claims)})" if card.claims else ""
+    print(f"\nsee notebooks/{card.link}{cites}", file=out)
     while True:
         line = read("grade: 1 again, 2 hard, 3 good, 4 easy (q quits)> ")
         if line is None or line.strip().lower() in ("q", "quit"):

@@ -47,9 +47,10 @@ def test_digits_split_is_fixed_and_standardized(digits):
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.claim("C5.1", "C5.2")
 def test_hogwild_children_update_the_parents_parameters(digits):
-    # claim C5.1 and C5.2: two processes train one model; their optimizer.step() calls change
-    # the parameters this (parent) process sees.
+    # Two processes train one model; their optimizer.step() calls change the parameters this
+    # (parent) process sees.
     model = make_model()
     before = [p.detach().clone() for p in model.parameters()]
     seen = []

@@ -139,7 +139,7 @@ PARTS = {
     "observing": ("shmlab.introspect", "shmlab.widgets"),
     "driving": ("shmlab.harness", "shmlab.lessons", "shmlab.examples", "shmlab.testing",
                 "shmlab.tools", "shmlab.__main__"),
-    "teaching": ("shmlab.labs", "shmlab.drill"),
+    "teaching": ("shmlab.labs", "shmlab.drill", "shmlab.facts"),
 }
 MAY_IMPORT = {
     "core": {"core"},

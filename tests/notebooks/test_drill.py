@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import html
 import io
+import json
 import sqlite3
 import zipfile
 
@@ -140,6 +141,20 @@ def test_the_terminal_mode_asks_reveals_grades_and_saves():
     assert sorted(s["last"] for s in saved.values()) == ["again", "easy", "good"]
     asked = [c for c in bank.load() if c.id in saved]
     assert all(c.prompt["en"] in text and c.prompt["zh"] in text for c in asked)
+
+
+def test_a_card_shows_the_claims_it_cites_after_its_answer(tmp_path):
+    data = bank.raw()
+    data["cards"] = [{**data["cards"][0], "claims": ["C1.3", "C12.12"]}]
+    path = tmp_path / "bank.json"
+    path.write_text(json.dumps(data), encoding="utf-8")
+    (card,) = bank.load(path)
+    assert card.claims == ("C1.3", "C12.12")
+    out = io.StringIO()
+    answers = iter(["", "q"])
+    cli.ask(card, "en", lambda prompt: next(answers), out)
+    assert "(claims C1.3, C12.12)" in out.getvalue()
+    assert out.getvalue().index(card.answer["en"]) < out.getvalue().index("C12.12")
 
 
 def test_the_terminal_mode_in_one_language_and_quitting_early():
