@@ -259,6 +259,7 @@ FULL_SHM = textwrap.dedent(r'''
 ''')
 
 
+@pytest.mark.claim("C25.308")
 @pytest.mark.timeout(180)
 def test_full_dev_shm_raises_enospc_under_both_strategies_torch_too_stdlib_gets_sigbus(
         tmp_path):

@@ -91,11 +91,26 @@ def test_every_card_cites_known_claims():
     assert not problems, "\n".join(problems)
 
 
-@CITING
+# Cheat-sheet blocks other helpers of issue 25 are correcting (the start of each block): the
+# integrator cites them after merging and empties this.
+CHEAT_SHEET_PENDING = {
+    "docs/cheatsheet.md": ("The night-before page", "**Q3 ·", "**Q5 ·", "| ~340 bytes",
+                           '9. "`model.share_memory()`'),
+    "docs/cheatsheet.zh.md": ("讲义五个问题", "**Q3 ·", "**Q5 ·", "| 约 340 字节",
+                              "9. “`model.share_memory()`"),
+}
+
+
 def test_every_fact_of_the_cheat_sheets_cites_known_claims():
-    problems = [p for name in MARKDOWN for p in citations.uncited_blocks(
-        (REPO / name).read_text(encoding="utf-8"), KNOWN, name)]
+    problems, pending = [], []
+    for name in MARKDOWN:
+        for p in citations.uncited_blocks((REPO / name).read_text(encoding="utf-8"), KNOWN, name):
+            starts = [s for s in CHEAT_SHEET_PENDING.get(name, ()) if repr(s)[1:-1] in p]
+            (pending if starts else problems).append(p)
     assert not problems, "\n".join(problems)
+    waiting = sum(len(v) for v in CHEAT_SHEET_PENDING.values())
+    assert len(pending) == waiting, (
+        "a pending block is cited now: remove it from CHEAT_SHEET_PENDING\n" + "\n".join(pending))
 
 
 @CITING

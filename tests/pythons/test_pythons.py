@@ -287,6 +287,7 @@ def _fill_wheelhouse(python: str, minor: str, version: str) -> float:
     return time.monotonic() - started
 
 
+@pytest.mark.claim("C25.309", pythons="all")
 @pytest.mark.slow
 @pytest.mark.timeout(INSTALL_TIMEOUT + SMOKE_TIMEOUT + 300)
 @pytest.mark.parametrize("python, version", list(_params()))
