@@ -34,6 +34,7 @@ def _stop(*procs):
             p.join(10)
 
 
+@pytest.mark.claim("C25.200")
 def test_share_cuda_returns_a_handle_of_the_whole_allocation_plus_offset():
     base = torch.zeros(1024, device="cuda")
     view = base[256:]
@@ -78,6 +79,7 @@ def test_producer_consumer_with_spawn_shared_write_and_keep_alive():
     assert child.exitcode == 0
 
 
+@pytest.mark.claim("C25.201")
 def test_a_received_cuda_tensor_cannot_be_sent_on():
     ctx = mp.get_context("spawn")
     inq, outq = ctx.Queue(), ctx.Queue()
