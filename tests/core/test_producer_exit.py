@@ -76,6 +76,7 @@ def run(tmp_path, strategy: str, method: str, *, wait_gone=False, settle=True) -
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.claim("C25.1", start_methods=METHODS)
+@pytest.mark.claim("C25.10", start_methods=METHODS)
 @pytest.mark.parametrize("method", METHODS)
 def test_file_system_message_outlives_its_producer_until_the_manager_grace_ends(tmp_path, method):
     for _ in range(3):  # a loaded machine can let the 2 s grace pass before the parent looks
@@ -94,6 +95,7 @@ def test_file_system_message_outlives_its_producer_until_the_manager_grace_ends(
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.claim("C25.2", start_methods=METHODS)
+@pytest.mark.claim("C25.10", start_methods=METHODS)
 @pytest.mark.parametrize("method", METHODS)
 def test_file_descriptor_message_dies_with_its_producer(tmp_path, method):
     settled = run(tmp_path, "file_descriptor", method)
