@@ -30,6 +30,7 @@ class Card:
     why_wrong: dict        # ... and why it is wrong
     link: str              # "04_file_descriptor_strategy.ipynb#Step-3-·-..."
     follow_up: str | None = None  # the notebook whose follow-up section this card copies
+    claims: tuple = ()  # the fact-base claim ids its answer and why_wrong rest on
 
     def text(self, field: str, lang: str) -> str:
         """One text in one language ("en", "zh"), or both, English first ("both")."""
