@@ -28,7 +28,10 @@ def touch(model, fresh, q):
         for p in model.parameters():
             p.grad.fill_(5.0)  # a .grad that existed at share_memory(): shared
     fresh(torch.ones(2, 4)).sum().backward()  # first .grad of these, made here
-    q.put([p.grad.is_shared() for p in fresh.parameters()])
+    optimizer = torch.optim.SGD(fresh.parameters(), lr=0.1, momentum=0.9)  # built here
+    optimizer.step()
+    state = [optimizer.state[p]["momentum_buffer"] for p in fresh.parameters()]
+    q.put([t.is_shared() for t in (*(p.grad for p in fresh.parameters()), *state)])
 
 if __name__ == "__main__":
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4))
@@ -54,7 +57,7 @@ if __name__ == "__main__":
 def test_share_memory_shares_existing_grads_and_a_childs_new_grads_are_its_own(tmp_path):
     out = run(tmp_path, GRADS)
     # params and buffers shared; existing grads shared, the child's fill_ seen; the child's
-    # first grads private (not shared, the parent still has none)
+    # first grads and its own optimizer's state private (not shared, the parent has no grads)
     assert out.stdout.split() == ["True", "True", "True", "False", "True", "0"], out.stderr
 
 
