@@ -45,6 +45,15 @@ ASSERTIONS, SCAN_PROBLEMS = fa.all_assertions(REPO)
 KNOWN_NARROWED: dict[str, str] = {}
 CITING = pytest.mark.xfail(strict=True, reason="issue 25 phase 2: citations are being added")
 MARKDOWN = ("docs/cheatsheet.md", "docs/cheatsheet.zh.md")
+# Left to the integrator, who empties both once the helpers' branches are merged: the mock
+# interview's blocks other helpers are correcting (each must still be uncited: remove it here once
+# it is cited), and ids the mock interview cites from other helpers' shmlab/facts/new/*.json
+# (facts-start's), each not yet in the registry (remove it here once it is).
+MOCK_PENDING_BLOCKS = (
+    "**Senior answer.** Adds: per process",      # Q2: spawn/forkserver, Python 3.14's forkserver
+    "**Senior answer.** Adds: CUDA IPC handles",  # Q3: "CPU memory has no keep-alive rule"
+)
+PENDING_IDS = {"C25.33", "C25.36", "C25.38", "C25.40", "C25.41"}
 
 
 # --- the registry and docs/CLAIMS.md --------------------------------------------------------------
@@ -98,11 +107,18 @@ def test_every_fact_of_the_cheat_sheets_cites_known_claims():
     assert not problems, "\n".join(problems)
 
 
-@CITING
 def test_every_fact_of_the_mock_interview_cites_known_claims():
     name = "docs/mock_interview.md"
-    problems = citations.uncited_blocks((REPO / name).read_text(encoding="utf-8"), KNOWN, name)
+    problems = citations.uncited_blocks((REPO / name).read_text(encoding="utf-8"),
+                                        KNOWN | PENDING_IDS, name)
+    pending = [b for b in MOCK_PENDING_BLOCKS if any(b in p for p in problems)]
+    problems = [p for p in problems if not any(b in p for b in MOCK_PENDING_BLOCKS)]
     assert not problems, "\n".join(problems)
+    assert pending == list(MOCK_PENDING_BLOCKS), (
+        f"cited now: remove {sorted(set(MOCK_PENDING_BLOCKS) - set(pending))} from "
+        "MOCK_PENDING_BLOCKS")
+    merged = sorted(PENDING_IDS & KNOWN)
+    assert not merged, f"in the registry now: remove {merged} from PENDING_IDS"
 
 
 @CITING
