@@ -8,8 +8,9 @@
   Pythons: a marker with pythons="all" in tests/pythons). A narrowed assertion fails: narrow the
   claim's conditions and text, or widen the assertion. KNOWN_NARROWED lists the claims whose
   text is still to be narrowed, each with its reason.
-* Teaching material cites the claims it rests on (the four tests marked xfail until the citing
-  of issue 25 is done):
+* Teaching material cites the claims it rests on (the cards' and the cheat sheets' tests marked
+  xfail until their citing is done; the mock interview's and the glossary's pass, with the
+  pending lists below that the integrator empties after the merge):
   - every card of shmlab/drill/bank.json has a non-empty ``claims`` list of known ids;
   - docs/cheatsheet.md, docs/cheatsheet.zh.md and docs/mock_interview.md: every fact-bearing
     block ends with ``{C1.3, C12.12}``. A block is a table body row, a list item (with its
@@ -45,6 +46,14 @@ ASSERTIONS, SCAN_PROBLEMS = fa.all_assertions(REPO)
 KNOWN_NARROWED: dict[str, str] = {}
 CITING = pytest.mark.xfail(strict=True, reason="issue 25 phase 2: citations are being added")
 MARKDOWN = ("docs/cheatsheet.md", "docs/cheatsheet.zh.md")
+# Left to the integrator, who empties both once the helpers' branches are merged: the mock
+# interview's blocks other helpers are correcting (each must still be uncited: remove it here once
+# it is cited), and ids the mock interview and the glossary cite from other helpers'
+# shmlab/facts/new/*.json (facts-start's), each not yet in the registry (remove it here once it is).
+MOCK_PENDING_BLOCKS = (
+    "**Senior answer.** Adds: per process",      # Q2: spawn/forkserver, Python 3.14's forkserver
+)
+PENDING_IDS = {"C25.33", "C25.36", "C25.38", "C25.40", "C25.41"}
 
 
 # --- the registry and docs/CLAIMS.md --------------------------------------------------------------
@@ -83,7 +92,7 @@ def test_assertions_cover_what_each_claim_states():
     assert not fixed, f"remove {fixed} from KNOWN_NARROWED: they are covered now"
 
 
-# --- the material cites the claims (xfail until issue 25's citing is done) ----------------------
+# --- the material cites the claims (cards, cheat sheets: xfail until their citing is done) ------
 @CITING
 def test_every_card_cites_known_claims():
     bank = json.loads((REPO / "shmlab" / "drill" / "bank.json").read_text(encoding="utf-8"))
@@ -111,18 +120,24 @@ def test_every_fact_of_the_cheat_sheets_cites_known_claims():
         "a pending block is cited now: remove it from CHEAT_SHEET_PENDING\n" + "\n".join(pending))
 
 
-@CITING
 def test_every_fact_of_the_mock_interview_cites_known_claims():
     name = "docs/mock_interview.md"
-    problems = citations.uncited_blocks((REPO / name).read_text(encoding="utf-8"), KNOWN, name)
+    problems = citations.uncited_blocks((REPO / name).read_text(encoding="utf-8"),
+                                        KNOWN | PENDING_IDS, name)
+    pending = [b for b in MOCK_PENDING_BLOCKS if any(b in p for p in problems)]
+    problems = [p for p in problems if not any(b in p for b in MOCK_PENDING_BLOCKS)]
     assert not problems, "\n".join(problems)
+    assert pending == list(MOCK_PENDING_BLOCKS), (
+        f"cited now: remove {sorted(set(MOCK_PENDING_BLOCKS) - set(pending))} from "
+        "MOCK_PENDING_BLOCKS")
+    merged = sorted(PENDING_IDS & KNOWN)
+    assert not merged, f"in the registry now: remove {merged} from PENDING_IDS"
 
 
-@CITING
 def test_every_glossary_row_cites_known_claims():
     name = "notebooks/glossary.md"
     problems = citations.uncited_glossary_rows((REPO / name).read_text(encoding="utf-8"),
-                                               KNOWN, name)
+                                               KNOWN | PENDING_IDS, name)
     assert not problems, "\n".join(problems)
 
 

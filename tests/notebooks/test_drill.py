@@ -35,6 +35,7 @@ class Clock:
 
 
 # --- scheduling ---------------------------------------------------------------------------------
+@pytest.mark.claim("C25.417")
 def test_a_card_graded_again_comes_back_before_one_graded_easy():
     s = Scheduler(IDS, seed=1)
     now = 0.0
@@ -53,6 +54,7 @@ def test_a_card_graded_again_comes_back_before_one_graded_easy():
     assert order == [first, second]
 
 
+@pytest.mark.claim("C25.417")
 @pytest.mark.parametrize("grade, box, delay", [("again", 1, AGAIN_DELAY), ("hard", 1, DAY / 2),
                                                ("good", 2, 3 * DAY), ("easy", 3, 7 * DAY)])
 def test_each_grade_moves_the_card_between_boxes(grade, box, delay):
@@ -61,6 +63,7 @@ def test_each_grade_moves_the_card_between_boxes(grade, box, delay):
     assert (new["box"], new["due"], new["reviews"], new["last"]) == (box, 100.0 + delay, 1, grade)
 
 
+@pytest.mark.claim("C25.417")
 def test_boxes_stop_at_5_and_a_bad_grade_is_refused():
     s = Scheduler(IDS)
     for _ in range(4):

@@ -1,6 +1,7 @@
 """The 中英术语表 (notebooks/glossary.md): linked from 00_start_here, every row complete, every
 term found in the notebook named as the one that teaches it, Chinese in full-width punctuation
-(the rule of test_lesson_text), and the terms the issue names all present.
+(the rule of test_lesson_text), and the terms the issue names all present. The last column lists
+the claims a definition rests on (checked against the registry by tests/meta/test_facts.py).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from test_lesson_text import punctuation_problems
 NOTEBOOKS = nbutil.REPO / "notebooks"
 GLOSSARY = NOTEBOOKS / "glossary.md"
 START = NOTEBOOKS / "00_start_here.ipynb"
-COLUMNS = ["English", "中文", "Definition", "定义", "Taught in"]
+COLUMNS = ["English", "中文", "Definition", "定义", "Taught in", "Claims"]
 REQUIRED = {"ancillary data": "辅助数据", "copy-on-write": "写时复制",
             "orphan process / orphan": "孤儿进程", "session": "会话", "process group": "进程组",
             "file descriptor": "文件描述符", "shared memory": "共享内存",
@@ -79,10 +80,11 @@ def test_the_terms_the_issue_names_are_there():
 
 def test_the_checks_can_fail():
     good = ["shared memory", "共享内存", "Memory.", "多个进程同时映射的内存。",
-            "[01](01_what_is_torch_multiprocessing.ipynb)"]
+            "[01](01_what_is_torch_multiprocessing.ipynb)", "C1.2"]
     assert row_problems(good) == []
-    assert "non-empty" in row_problems(good[:4] + [""])[0]
+    assert "non-empty" in row_problems(good[:4] + ["", "C1.2"])[0]
+    assert "non-empty" in row_problems(good[:5] + [""])[0]
     half_width = "多个进程同时映射的内存,一个进程写入,其他进程看得到."
-    assert row_problems([*good[:3], half_width, good[4]])
-    assert "exist" in row_problems(good[:4] + ["[99](99_nothing.ipynb)"])[-1]
+    assert row_problems([*good[:3], half_width, *good[4:]])
+    assert "exist" in row_problems([*good[:4], "[99](99_nothing.ipynb)", "C1.2"])[-1]
     assert "never says" in row_problems(["flux capacitor", *good[1:]])[-1]
