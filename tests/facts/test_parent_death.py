@@ -271,6 +271,8 @@ def test_torchruns_agent_restarts_the_whole_group_and_forwards_signals():
     assert "self._remaining_restarts -= 1" in run
     assert "self._restart_workers(self._worker_group)" in run
     assert "self._stop_workers(self._worker_group)" in run
+    # elastic: nodes waiting at the rendezvous make a healthy group restart to take them in
+    assert "num_nodes_waiting = rdzv_handler.num_nodes_waiting()" in run
     restart = inspect.getsource(api.SimpleElasticAgent._restart_workers)
     assert "self._stop_workers(worker_group)" in restart
     assert "self._initialize_workers(worker_group)" in restart

@@ -10,11 +10,11 @@ import pickle
 import subprocess
 import sys
 import threading
+from multiprocessing import reduction
 
 import pytest
 import torch
 import torch.multiprocessing as tmp
-from multiprocessing import reduction
 from torch.multiprocessing import reductions
 
 import shmlab.multiprocessing as shm_mp
