@@ -206,6 +206,7 @@ SPAWNED = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 @pytest.mark.claim("C25.114")
 def test_spawn_children_get_sigint_when_their_parent_dies(tmp_path):
     script = tmp_path / "spawned.py"
@@ -248,6 +249,7 @@ def _die_by_signal(i):
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+@pytest.mark.slow
 @pytest.mark.claim("C25.116", start_methods=("spawn",))
 def test_spawn_join_stops_the_other_ranks_and_raises():
     import time

@@ -99,6 +99,7 @@ def _message(name):
 
 @pytest.mark.claim("C25.101", "C25.102", "C25.108", "C25.109",
                    start_methods=("fork", "spawn"))
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["fork", "spawn"])
 def test_a_round_trip_through_a_child(method):
     ctx = tmp.get_context(method)
@@ -156,6 +157,7 @@ def test_requires_grad_travels_the_graph_and_grad_do_not():
         _dumps(leaf * 2)
 
 
+@pytest.mark.slow
 @pytest.mark.claim("C25.104", "C25.105")
 def test_importing_torch_registers_reducers_for_tensors_storages_and_events_only():
     code = (
@@ -189,6 +191,7 @@ def test_torch_multiprocessing_reexports_names_not_submodules():
             importlib.import_module(f"torch.multiprocessing.{sub}")
 
 
+@pytest.mark.slow
 @pytest.mark.claim("C25.107", start_methods=("fork", "spawn", "forkserver"))
 @pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
 def test_process_arguments_under_each_start_method(method):
@@ -271,6 +274,7 @@ def _receive_with(name, inq, outq):
     outq.put(tmp.get_sharing_strategy())
 
 
+@pytest.mark.slow
 @pytest.mark.claim("C25.118", start_methods=("fork", "spawn", "forkserver"))
 @pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
 def test_the_strategy_is_a_per_process_global(strategy, method):
@@ -305,6 +309,7 @@ def test_torchs_strategy_set_is_its_own_and_mutable(strategy):
     assert "y" not in shm_mp.get_all_sharing_strategies()  # shmlab returns a copy
 
 
+@pytest.mark.slow
 @pytest.mark.claim("C25.120")
 def test_a_bad_name_raises_assertionerror_even_under_python_O():
     code = ("import torch.multiprocessing as mp\n"
@@ -335,6 +340,7 @@ def _save_and_pickle(name):
     assert not loaded.is_shared()
 
 
+@pytest.mark.slow
 @pytest.mark.claim("C25.122")
 def test_the_strategies_on_linux_and_elsewhere():
     assert sys.platform == "linux"
