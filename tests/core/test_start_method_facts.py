@@ -25,7 +25,8 @@ MAIN = textwrap.dedent("""
 
 
     def child(q):
-        q.put(os.getpid())
+        # imported by the fork server before it forked us; nothing in this child imports it
+        q.put([os.getpid(), os.getppid(), "multiprocessing.forkserver" in sys.modules])
 
 
     if __name__ == "__main__":
@@ -33,10 +34,11 @@ MAIN = textwrap.dedent("""
         q = ctx.Queue()
         p = ctx.Process(target=child, args=(q,))
         p.start()
-        pid = q.get(timeout=60)
+        pid, ppid, inherited = q.get(timeout=60)
         p.join(60)
         server = multiprocessing.forkserver._forkserver._forkserver_pid
-        print(json.dumps({"main": os.getpid(), "child": pid, "server": server}))
+        print(json.dumps({"main": os.getpid(), "child": pid, "server": server,
+                          "child's parent": ppid, "server's modules": inherited}))
 """)
 
 
@@ -49,6 +51,7 @@ def server_preloads_main() -> bool:
 @pytest.mark.timeout(120)
 @pytest.mark.claim("C12.9", start_methods=("forkserver",))
 @pytest.mark.claim("C25.30", start_methods=("forkserver",))
+@pytest.mark.claim("C25.39", start_methods=("forkserver",))
 def test_forkserver_runs_the_main_scripts_top_level_in_the_child_not_the_server(tmp_path):
     script, log = tmp_path / "main.py", tmp_path / "toplevel.log"
     script.write_text(MAIN)
@@ -58,6 +61,8 @@ def test_forkserver_runs_the_main_scripts_top_level_in_the_child_not_the_server(
     pids = json.loads(out.stdout.splitlines()[-1])
     ran = [(int(pid), name) for pid, name in map(str.split, log.read_text().splitlines())]
     assert (pids["main"], "__main__") in ran
+    # a forkserver child is a fork of the server, not a fresh interpreter
+    assert pids["child's parent"] == pids["server"] and pids["server's modules"], pids
     if server_preloads_main():  # a CPython with the gh-126631 fix (3.14, later 3.13 releases)
         assert (pids["server"], "__mp_main__") in ran, (pids, ran)
     else:  # every Python this suite tests (3.10-3.13.0): the server never ran it
