@@ -16,8 +16,8 @@ from support.nbutil import REPO
 SHEETS = {"en": REPO / "docs" / "cheatsheet.md", "zh": REPO / "docs" / "cheatsheet.zh.md"}
 CHECKED = {"en": r"Checked\s+on torch (\d+\.\d+) and Python (3\.\d+)–(3\.\d+) on Linux",
            "zh": r"在 Linux 上的 torch (\d+\.\d+)、Python (3\.\d+)–(3\.\d+) 下核对过"}
-SIZES = {"en": r"4 MB tensor, 10⁶ float32: (\d+) bytes vs ([\d,]+) plain",
-         "zh": r"4 MB 张量，10⁶ 个 float32：(\d+) 字节，普通 pickle 是 ([\d,]+) 字节"}
+SIZES = {"en": r"4 MB tensor[^:]*: (\d+) bytes vs ([\d,]+) plain",
+         "zh": r"4 MB 张量[^：]*：(\d+) 字节，普通 pickle 是 ([\d,]+) 字节"}
 
 
 def tested_pythons() -> list[str]:
