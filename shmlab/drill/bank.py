@@ -30,6 +30,7 @@ class Card:
     why_wrong: dict        # ... and why it is wrong
     link: str              # "04_file_descriptor_strategy.ipynb#Step-3-·-..."
     follow_up: str | None = None  # the notebook whose follow-up section this card copies
+    claims: tuple = ()    # the fact-base claim ids its answer and why_wrong rest on
 
     def text(self, field: str, lang: str) -> str:
         """One text in one language ("en", "zh"), or both, English first ("both")."""
@@ -57,7 +58,7 @@ def load(path=None) -> list[Card]:
     """Every card of the bank, in file order; ValueError names the first card that is broken."""
     cards, seen = [], set()
     for entry in raw(path)["cards"]:
-        card = Card(**entry)
+        card = Card(**{**entry, "claims": tuple(entry.get("claims", ()))})
         if card.id in seen or card.question not in QUESTIONS or card.level not in LEVELS:
             raise ValueError(f"card {card.id!r}: duplicate id, or bad question/level")
         if any(set(getattr(card, f)) != set(LANGUAGES) for f in TEXTS):

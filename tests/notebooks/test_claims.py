@@ -14,6 +14,7 @@ SHMLAB_START_METHOD in their first code cell; the kernel inherits this process's
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 from collections import defaultdict
@@ -137,6 +138,10 @@ def coverage() -> dict[str, list[str]]:
 
 
 CLAIMS = claim_ids()
+# Issue 25's new claims, written by helpers to shmlab/facts/new/<name>.json until they are merged
+# into the fact base: a hidden cell may name them already.
+PENDING = {c["id"] for path in (nbutil.REPO / "shmlab" / "facts" / "new").glob("*.json")
+           for c in json.loads(path.read_text(encoding="utf-8"))["claims"]}
 
 
 def test_claims_table_is_readable():
@@ -191,7 +196,7 @@ def test_hidden_test_cells_are_well_formed_and_name_real_claims():
         m = _CLAIM_LINE.fullmatch(first_line(cell))
         if not m:
             problems.append(f"{where}: first line {first_line(cell)!r} is not '# claim <id>'")
-        elif m.group(1) not in CLAIMS:
+        elif m.group(1) not in CLAIMS and m.group(1) not in PENDING:
             problems.append(f"{where}: {m.group(1)!r} is not a claim id of docs/CLAIMS.md")
         if cell.metadata.get("jupyter", {}).get("source_hidden") is not True:
             problems.append(f"{where}: metadata.jupyter.source_hidden is not true")
