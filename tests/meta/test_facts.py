@@ -44,16 +44,7 @@ ASSERTIONS, SCAN_PROBLEMS = fa.all_assertions(REPO)
 # claim id -> why its assertions check less than its text states (the text is to be narrowed,
 # or the assertion widened, by whoever owns it). Empty: every claim is covered as stated.
 KNOWN_NARROWED: dict[str, str] = {}
-CITING = pytest.mark.xfail(strict=True, reason="issue 25 phase 2: citations are being added")
 MARKDOWN = ("docs/cheatsheet.md", "docs/cheatsheet.zh.md")
-# Left to the integrator, who empties both once the helpers' branches are merged: the mock
-# interview's blocks other helpers are correcting (each must still be uncited: remove it here once
-# it is cited), and ids the mock interview and the glossary cite from other helpers'
-# shmlab/facts/new/*.json (facts-start's), each not yet in the registry (remove it here once it is).
-MOCK_PENDING_BLOCKS = (
-    "**Senior answer.** Adds: per process",      # Q2: spawn/forkserver, Python 3.14's forkserver
-)
-PENDING_IDS = {"C25.33", "C25.36", "C25.38", "C25.40", "C25.41"}
 
 
 # --- the registry and docs/CLAIMS.md --------------------------------------------------------------
@@ -92,52 +83,30 @@ def test_assertions_cover_what_each_claim_states():
     assert not fixed, f"remove {fixed} from KNOWN_NARROWED: they are covered now"
 
 
-# --- the material cites the claims (cards, cheat sheets: xfail until their citing is done) ------
-@CITING
+# --- the material cites the claims --------------------------------------------------------------
 def test_every_card_cites_known_claims():
     bank = json.loads((REPO / "shmlab" / "drill" / "bank.json").read_text(encoding="utf-8"))
     problems = citations.uncited_cards(bank, KNOWN)
     assert not problems, "\n".join(problems)
 
 
-# Cheat-sheet blocks other helpers of issue 25 are correcting (the start of each block): the
-# integrator cites them after merging and empties this.
-CHEAT_SHEET_PENDING = {
-    "docs/cheatsheet.md": ("The night-before page", "| ~340 bytes"),
-    "docs/cheatsheet.zh.md": ("讲义五个问题", "| 约 340 字节"),
-}
-
-
 def test_every_fact_of_the_cheat_sheets_cites_known_claims():
-    problems, pending = [], []
-    for name in MARKDOWN:
-        for p in citations.uncited_blocks((REPO / name).read_text(encoding="utf-8"), KNOWN, name):
-            starts = [s for s in CHEAT_SHEET_PENDING.get(name, ()) if repr(s)[1:-1] in p]
-            (pending if starts else problems).append(p)
+    problems = [p for name in MARKDOWN
+                for p in citations.uncited_blocks((REPO / name).read_text(encoding="utf-8"),
+                                                  KNOWN, name)]
     assert not problems, "\n".join(problems)
-    waiting = sum(len(v) for v in CHEAT_SHEET_PENDING.values())
-    assert len(pending) == waiting, (
-        "a pending block is cited now: remove it from CHEAT_SHEET_PENDING\n" + "\n".join(pending))
 
 
 def test_every_fact_of_the_mock_interview_cites_known_claims():
     name = "docs/mock_interview.md"
-    problems = citations.uncited_blocks((REPO / name).read_text(encoding="utf-8"),
-                                        KNOWN | PENDING_IDS, name)
-    pending = [b for b in MOCK_PENDING_BLOCKS if any(b in p for p in problems)]
-    problems = [p for p in problems if not any(b in p for b in MOCK_PENDING_BLOCKS)]
+    problems = citations.uncited_blocks((REPO / name).read_text(encoding="utf-8"), KNOWN, name)
     assert not problems, "\n".join(problems)
-    assert pending == list(MOCK_PENDING_BLOCKS), (
-        f"cited now: remove {sorted(set(MOCK_PENDING_BLOCKS) - set(pending))} from "
-        "MOCK_PENDING_BLOCKS")
-    merged = sorted(PENDING_IDS & KNOWN)
-    assert not merged, f"in the registry now: remove {merged} from PENDING_IDS"
 
 
 def test_every_glossary_row_cites_known_claims():
     name = "notebooks/glossary.md"
     problems = citations.uncited_glossary_rows((REPO / name).read_text(encoding="utf-8"),
-                                               KNOWN | PENDING_IDS, name)
+                                               KNOWN, name)
     assert not problems, "\n".join(problems)
 
 

@@ -101,6 +101,54 @@ stop.set()
 thread.join()
 facts["fork_warns_when_threaded"] = any(
     issubclass(w.category, DeprecationWarning) and "fork" in str(w.message) for w in caught)
+# Scripts run as a real main module (python main.py): which processes run its top level, and
+# what a fork of a threaded process prints under the default warning filters.
+import subprocess, tempfile
+MAIN = '''
+import json, multiprocessing, os, sys, threading
+with open(os.environ["TOPLEVEL_LOG"], "a") as f:
+    f.write(str(os.getpid()) + "\\n")
+def child(q):
+    q.put(os.getpid())
+def nothing():
+    pass
+if __name__ == "__main__":
+    if sys.argv[1] == "forkserver":
+        ctx = multiprocessing.get_context("forkserver")
+        q = ctx.Queue()
+        p = ctx.Process(target=child, args=(q,))
+        p.start()
+        pid = q.get(timeout=60)
+        p.join(60)
+        print(json.dumps([pid, multiprocessing.forkserver._forkserver._forkserver_pid]))
+    else:
+        stop = threading.Event()
+        thread = threading.Thread(target=stop.wait)
+        thread.start()
+        p = multiprocessing.get_context("fork").Process(target=nothing)
+        p.start()
+        p.join()
+        stop.set()
+        thread.join()
+'''
+with tempfile.TemporaryDirectory() as folder:
+    script, log = os.path.join(folder, "main.py"), os.path.join(folder, "toplevel.log")
+    with open(script, "w") as f:
+        f.write(MAIN)
+    env = {**os.environ, "TOPLEVEL_LOG": log}
+    out = subprocess.run([sys.executable, script, "forkserver"], env=env, capture_output=True,
+                         text=True, timeout=120, check=True)
+    child, server = json.loads(out.stdout.splitlines()[-1])
+    with open(log) as f:
+        ran = {int(line) for line in f}
+    # CPython gh-126631: the server looked for "main_path", spawn sets "init_main_from_path"
+    facts["forkserver_preload_fixed"] = "init_main_from" in inspect.getsource(
+        multiprocessing.forkserver.ForkServer.ensure_running)
+    facts["forkserver_server_runs_main"] = server in ran
+    facts["forkserver_child_runs_main"] = child in ran
+    out = subprocess.run([sys.executable, script, "fork"], env=env, capture_output=True,
+                         text=True, timeout=120, check=True)
+    facts["mp_fork_warns_by_default"] = "use of fork() may lead to deadlocks" in out.stderr
 print(json.dumps(facts))
 """
 
@@ -291,6 +339,10 @@ def _fill_wheelhouse(python: str, minor: str, version: str) -> float:
 @pytest.mark.slow
 @pytest.mark.timeout(INSTALL_TIMEOUT + SMOKE_TIMEOUT + 300)
 @pytest.mark.parametrize("python, version", list(_params()))
+@pytest.mark.claim("C12.3", start_methods=("forkserver",), pythons="all")
+@pytest.mark.claim("C12.9", start_methods=("forkserver",), pythons="all")
+@pytest.mark.claim("C25.30", start_methods=("forkserver",), pythons="all")
+@pytest.mark.claim("C25.32", start_methods=("fork",), pythons="all")
 def test_installs_and_runs(python, version, tmp_path_factory, capsys):
     minor = version.rsplit(".", 1)[0]
     pins = REPO / "requirements" / f"constraints-py{minor}.txt"
@@ -331,7 +383,8 @@ def test_installs_and_runs(python, version, tmp_path_factory, capsys):
               f"{download:.0f} s), smoke {smoke:.0f} s; torch {facts['torch']} ({build} build); "
               f"start method {facts['start_method']!r}; fork warns with threads: "
               f"{facts['fork_warns_when_threaded']}; mmap trackfd: {facts['mmap_trackfd']}; "
-              f"SharedMemory(track=): {facts['shared_memory_track']}")
+              f"SharedMemory(track=): {facts['shared_memory_track']}; fork server runs __main__: "
+              f"{facts['forkserver_server_runs_main']}")
 
     py = tuple(int(x) for x in version.split(".")[:2])
     assert facts["python"] == version and Path(facts["prefix"]) == venv
@@ -349,6 +402,15 @@ def test_installs_and_runs(python, version, tmp_path_factory, capsys):
     assert facts["sharing_strategies"] == ["file_descriptor", "file_system"], facts
     # 03/08/09 read these private attributes to tell multiprocessing's helpers from leaks.
     assert facts["resource_tracker_pid"] and facts["forkserver_pid"], facts
+    # 03: ... a DeprecationWarning: the default filters hide it when multiprocessing forks.
+    assert facts["mp_fork_warns_by_default"] is False, facts
+    # 00/02/03/11, C12.3, C12.9: the fork server runs the main script's top level only where
+    # gh-126631 is fixed (never up to 3.12; 3.13.0 not yet); otherwise each child runs it.
+    assert facts["forkserver_server_runs_main"] == facts["forkserver_preload_fixed"], facts
+    if py <= (3, 12) or version == "3.13.0":
+        assert not facts["forkserver_preload_fixed"], facts
+    if not facts["forkserver_preload_fixed"]:
+        assert facts["forkserver_child_runs_main"], facts
     # Python 3.13 added mmap(trackfd=) and SharedMemory(track=).
     assert facts["mmap_trackfd"] == facts["shared_memory_track"] == (py >= (3, 13)), facts
 
