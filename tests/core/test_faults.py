@@ -261,7 +261,7 @@ FULL_SHM = textwrap.dedent(r'''
 
 @pytest.mark.claim("C25.308")
 @pytest.mark.timeout(180)
-@pytest.mark.claim("C25.217")
+@pytest.mark.claim("C25.308")
 def test_full_dev_shm_raises_enospc_under_both_strategies_torch_too_stdlib_gets_sigbus(
         tmp_path):
     rc, res = run_unshared(tmp_path, FULL_SHM, timeout=100)

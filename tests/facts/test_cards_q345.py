@@ -131,7 +131,7 @@ if __name__ == "__main__":
 """
 
 
-@pytest.mark.claim("C25.206", start_methods=("fork", "spawn"))
+@pytest.mark.claim("C25.118", start_methods=("fork", "spawn"))
 def test_the_strategy_is_per_process(tmp_path):
     script = tmp_path / "strategy.py"
     script.write_text(STRATEGY_CHILD)
@@ -195,7 +195,7 @@ def test_file_system_file_mode_size_and_refcount():
 
 
 # --- Q4: the receiver's cache under file_descriptor --------------------------------------------
-@pytest.mark.claim("C25.213")
+@pytest.mark.claim("C25.306", "C25.109")
 def test_the_fd_cache_is_keyed_by_inode_and_returns_the_senders_storage():
     t = torch.zeros(1000).share_memory_()
     fd, _ = t.untyped_storage()._share_fd_cpu_()
@@ -248,7 +248,7 @@ if __name__ == "__main__":
 """
 
 
-@pytest.mark.claim("C25.212", start_methods=("fork",))
+@pytest.mark.claim("C25.2", start_methods=("fork",))
 def test_a_sender_that_exited_cleanly_cannot_hand_over_its_fd(tmp_path):
     script = tmp_path / "early.py"
     script.write_text(EARLY)
@@ -345,7 +345,7 @@ def test_a_spawn_child_that_allocates_starts_its_own_manager(tmp_path):
     assert "spawn child's own managers 1" in out.stdout, out
 
 
-@pytest.mark.claim("C25.210")
+@pytest.mark.claim("C25.410")
 def test_the_manager_never_touches_files_it_was_not_told_about():
     stray = Path(f"/dev/shm/torch_{os.getpid()}_424242_0")
     stray.write_bytes(b"\0" * 64)
@@ -386,7 +386,7 @@ if __name__ == "__main__":
 """
 
 
-@pytest.mark.claim("C25.214", start_methods=("fork", "spawn"))
+@pytest.mark.claim("C25.412", start_methods=("fork", "spawn"))
 def test_without_share_memory_fork_trains_a_copy_spawn_shares_by_pickling(tmp_path):
     script = tmp_path / "forget.py"
     script.write_text(FORGET)
@@ -394,7 +394,7 @@ def test_without_share_memory_fork_trains_a_copy_spawn_shares_by_pickling(tmp_pa
     assert out.stdout.split("\n")[:2] == ["fork 0 False 0.0", "spawn 0 True 2.0"], out
 
 
-@pytest.mark.claim("C25.215")
+@pytest.mark.claim("C25.3")
 def test_share_memory_shares_the_buffers_too():
     model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.BatchNorm1d(3))
     model.share_memory()
@@ -437,7 +437,7 @@ if __name__ == "__main__":
 """
 
 
-@pytest.mark.claim("C25.216", start_methods=("fork",))
+@pytest.mark.claim("C25.414", start_methods=("fork",))
 def test_lock_free_updates_from_several_processes_lose_some(tmp_path):
     script = tmp_path / "race.py"
     script.write_text(RACE)

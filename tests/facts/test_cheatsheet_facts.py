@@ -29,7 +29,7 @@ def run(tmp_path, code: str, timeout: float = 60) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.claim("C25.300")
+@pytest.mark.claim("C25.101")
 @pytest.mark.timeout(60)
 def test_a_pickled_cpu_tensor_is_a_small_handle_made_by_one_move_into_shared_memory(tmp_path):
     r = run(tmp_path, '''
@@ -90,7 +90,7 @@ if __name__ == "__main__":
         assert r[method] == [True, [7.0] * 4, 0], (method, r)
 
 
-@pytest.mark.claim("C25.302", start_methods=("fork",))
+@pytest.mark.claim("C25.107", start_methods=("fork",))
 @pytest.mark.timeout(60)
 def test_fork_process_arguments_are_copied_on_write_not_shared(tmp_path):
     r = run(tmp_path, '''
@@ -125,7 +125,7 @@ def _ppid(pid: int) -> int:
         return int(f.read().rsplit(")", 1)[1].split()[1])
 
 
-@pytest.mark.claim("C25.303", start_methods=("fork", "spawn"))
+@pytest.mark.claim("C25.113", "C25.114", start_methods=("fork", "spawn"))
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
 def test_a_parent_killed_by_a_signal_leaves_its_children_running(tmp_path, sig):
@@ -155,7 +155,7 @@ if __name__ == "__main__":
     assert not _alive(child)
 
 
-@pytest.mark.claim("C25.303", start_methods=("spawn",))
+@pytest.mark.claim("C25.113", "C25.114", start_methods=("spawn",))
 @pytest.mark.timeout(120)
 def test_torch_multiprocessing_spawn_sets_pdeathsig_sigint_in_its_children(tmp_path):
     r = run(tmp_path, '''
@@ -177,7 +177,7 @@ if __name__ == "__main__":
     assert r["pdeathsig"] == r["SIGINT"], r
 
 
-@pytest.mark.claim("C25.304")
+@pytest.mark.claim("C25.122", "C25.120")
 @pytest.mark.timeout(60)
 def test_the_strategy_api_on_linux(tmp_path):
     r = run(tmp_path, '''
@@ -207,7 +207,7 @@ print(json.dumps(out))
     assert "raise AssertionError(" in src.split("def set_sharing_strategy", 1)[1][:600]
 
 
-@pytest.mark.claim("C25.305", start_methods=("fork", "spawn"))
+@pytest.mark.claim("C25.118", "C25.117", start_methods=("fork", "spawn"))
 @pytest.mark.timeout(120)
 def test_the_senders_strategy_decides_and_only_fork_children_inherit_it(tmp_path):
     r = run(tmp_path, '''
@@ -301,7 +301,7 @@ if __name__ == "__main__":
     assert r["same"] and r["received"] == 1, r   # one mapping, one fd for two messages
 
 
-@pytest.mark.claim("C25.307")
+@pytest.mark.claim("C25.207")
 @pytest.mark.timeout(60)
 def test_file_system_names_mode_and_header(tmp_path):
     r = run(tmp_path, '''
@@ -353,7 +353,7 @@ del t
         assert line.rstrip().endswith(", 68) = 68"), line
 
 
-@pytest.mark.claim("C25.311")
+@pytest.mark.claim("C25.211")
 @pytest.mark.timeout(60)
 def test_file_descriptor_at_the_fd_limit_cannot_share_another_tensor(tmp_path):
     r = run(tmp_path, '''

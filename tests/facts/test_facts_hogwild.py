@@ -1,5 +1,6 @@
 """What `model.share_memory()` shares, what a child gets without it, and why spawn needs the
-`__main__` guard: facts the mock interview and the glossary cite (claims C25.411-C25.413).
+`__main__` guard: facts the mock interview and the glossary cite (their claims are in
+shmlab/facts/claims.json).
 
 Mirrors: torch/nn/modules/module.py (share_memory), torch/multiprocessing/reductions.py.
 Each check runs as a real main script in a fresh interpreter, as a learner's script would.
@@ -53,7 +54,7 @@ if __name__ == "__main__":
 
 
 @pytest.mark.timeout(150)
-@pytest.mark.claim("C25.411")
+@pytest.mark.claim("C25.3", "C25.4", "C25.5")
 def test_share_memory_shares_existing_grads_and_a_childs_new_grads_are_its_own(tmp_path):
     out = run(tmp_path, GRADS)
     # params and buffers shared; existing grads shared, the child's fill_ seen; the child's
@@ -113,7 +114,7 @@ print("exitcode", child.exitcode, flush=True)
 
 
 @pytest.mark.timeout(150)
-@pytest.mark.claim("C25.413", start_methods=("spawn",))
+@pytest.mark.claim("C25.205", start_methods=("spawn",))
 def test_spawn_without_the_main_guard_fails_in_the_child(tmp_path):
     out = run(tmp_path, NO_GUARD)
     assert "exitcode 1" in out.stdout, (out.stdout, out.stderr)

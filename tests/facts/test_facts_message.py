@@ -1,5 +1,5 @@
 """What a pickled CPU tensor is, where the sharing strategy is read, and what torch's manager
-frees: facts the mock interview and the glossary cite (claims C25.400-C25.410).
+frees: facts the mock interview and the glossary cite (their claims are in shmlab/facts/claims.json).
 
 Mirrors: torch/multiprocessing/__init__.py and reductions.py (the strategy API, the reducers);
 torch_shm_manager (its clean-up).
@@ -55,7 +55,7 @@ def run(code: str, *args: str) -> str:
 
 
 @pytest.mark.timeout(150)
-@pytest.mark.claim("C25.400")
+@pytest.mark.claim("C25.100")
 @pytest.mark.parametrize("name, rebuild, handle", [
     ("file_descriptor", "rebuild_storage_fd", "DupFd"),
     ("file_system", "rebuild_storage_filename", "manager.sock")])
@@ -89,14 +89,14 @@ print(shared_before, t.is_shared(), moved != before, t.data_ptr() == moved)
 
 
 @pytest.mark.timeout(150)
-@pytest.mark.claim("C25.401")
+@pytest.mark.claim("C25.101")
 @pytest.mark.parametrize("name", ["file_descriptor", "file_system"])
 def test_the_first_pickle_moves_the_storage_to_shared_memory_once(name):
     # not shared, then shared; the first pickle moved it; the second copied nothing
     assert run(FIRST_PICKLE, name).split() == ["False", "True", "True", "True"]
 
 
-@pytest.mark.claim("C25.402")
+@pytest.mark.claim("C25.301")
 def test_import_torch_alone_registers_the_reducers():
     code = ("import sys\nfrom multiprocessing.reduction import ForkingPickler as P\n"
             "before = dict(P._extra_reducers)\nimport torch\n"
@@ -108,7 +108,7 @@ def test_import_torch_alone_registers_the_reducers():
     assert out.stdout.split() == ["False", "True", "True", "True"], out.stderr
 
 
-@pytest.mark.claim("C25.404")
+@pytest.mark.claim("C25.106")
 def test_torch_multiprocessing_has_the_names_but_not_the_submodules():
     assert tmp.Process is multiprocessing.Process and tmp.Queue is multiprocessing.Queue
     for sub in ("shared_memory", "managers", "connection", "util"):
@@ -143,7 +143,7 @@ if __name__ == "__main__":
 
 
 @pytest.mark.timeout(150)
-@pytest.mark.claim("C25.406")
+@pytest.mark.claim("C25.117")
 @pytest.mark.parametrize("sender, receiver", [("file_system", "file_descriptor"),
                                               ("file_descriptor", "file_system")])
 def test_the_receivers_strategy_does_not_matter(sender, receiver):
@@ -152,7 +152,7 @@ def test_the_receivers_strategy_does_not_matter(sender, receiver):
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.claim("C25.407")
+@pytest.mark.claim("C25.120", "C25.119")
 def test_a_bad_name_raises_assertionerror_and_the_set_is_torchs_own(strategy):
     with pytest.raises(AssertionError, match="file_descriptor|file_system"):
         tmp.set_sharing_strategy("shared_memory")
@@ -193,7 +193,7 @@ print(*seen)
 
 
 @pytest.mark.timeout(150)
-@pytest.mark.claim("C25.409")
+@pytest.mark.claim("C25.208")
 def test_file_system_counts_each_message_in_flight():
     # created: 1; two messages in flight: 3; each receive gives its message's 1 back
     assert run(COUNTS).split() == ["1", "3", "2", "1"]

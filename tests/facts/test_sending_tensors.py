@@ -158,7 +158,7 @@ def test_requires_grad_travels_the_graph_and_grad_do_not():
 
 
 @pytest.mark.slow
-@pytest.mark.claim("C25.104", "C25.105")
+@pytest.mark.claim("C25.104", "C25.301")
 def test_importing_torch_registers_reducers_for_tensors_storages_and_events_only():
     code = (
         "import sys, multiprocessing.reduction as r\n"
