@@ -1,5 +1,5 @@
 """What a pickled CPU tensor is, where the sharing strategy is read, and what torch's manager
-frees: facts the mock interview and the glossary cite (their claims are in shmlab/facts/claims.json).
+frees: facts the mock interview and the glossary cite (claims in shmlab/facts/claims.json).
 
 Mirrors: torch/multiprocessing/__init__.py and reductions.py (the strategy API, the reducers);
 torch_shm_manager (its clean-up).
