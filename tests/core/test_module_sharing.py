@@ -4,8 +4,8 @@ Module.share_memory() is _apply(lambda t: t.share_memory_()): parameters, buffer
 that exists at that moment move to shared memory. What a child then sees depends on the start
 method: a fork child inherits the objects themselves; spawn and forkserver pickle them, and a
 Parameter is pickled without its .grad while every tensor that is pickled (an optimizer's state
-included, once a step has created it) goes through torch's reducers, which share it. Each experiment runs in a script of its
-own, so this test process never changes its sharing strategy.
+included, once a step has created it) goes through torch's reducers, which share it. Each
+experiment runs in a script of its own, so this test process never changes its sharing strategy.
 """
 
 from __future__ import annotations
