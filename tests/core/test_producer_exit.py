@@ -5,7 +5,8 @@ its own sharing strategy) puts a tensor on a Queue in a child, lets the child ex
 only then calls get(). Under file_descriptor the fd must be fetched from the producer's
 resource_sharer, which died with it; under file_system the file outlives the producer at refcount 1
 (reduce_storage increfs for the message) until the producer's torch_shm_manager, left with no
-client, unlinks it about 2 s later (SHUTDOWN_TIMEOUT).
+client, unlinks it about 2 s later (SHUTDOWN_TIMEOUT); a fork producer whose parent started the
+manager first shares it, and the file stays while the parent is still its client.
 """
 
 from __future__ import annotations
@@ -30,8 +31,10 @@ def producer(q, strategy, settle):
         time.sleep(0.5)  # the queue's feeder thread has pickled and written the message
 
 
-def main(strategy, method, wait_gone, settle):
+def main(strategy, method, wait_gone, settle, parent_first):
     mp.set_sharing_strategy(strategy)
+    if parent_first:  # this process starts a manager: a fork child then uses it too
+        kept = torch.zeros(10).share_memory_()
     ctx = mp.get_context(method)
     q = ctx.Queue()
     p = ctx.Process(target=producer, args=(q, strategy, settle))
@@ -45,6 +48,9 @@ def main(strategy, method, wait_gone, settle):
         while glob.glob(f"/dev/shm/torch_{p.pid}_*") and time.monotonic() < deadline:
             time.sleep(0.1)
         out["gone after grace"] = not glob.glob(f"/dev/shm/torch_{p.pid}_*")
+    if parent_first:  # past the grace: this process is still the manager's client
+        time.sleep(3.0)
+        out["files after 3 s"] = len(glob.glob(f"/dev/shm/torch_{p.pid}_*"))
     try:
         t = q.get(timeout=20)
         out["get"] = {"ok": True, "value": t[0].item(), "shared": t.is_shared()}
@@ -55,20 +61,22 @@ def main(strategy, method, wait_gone, settle):
 
 
 if __name__ == "__main__":  # spawn and forkserver children import this file again
-    main(sys.argv[1], sys.argv[2], sys.argv[3] == "1", sys.argv[4] == "1")
+    main(sys.argv[1], sys.argv[2], sys.argv[3] == "1", sys.argv[4] == "1",
+         sys.argv[5] == "1")
 '''
 
 METHODS = ("fork", "spawn")
 
 
-def run(tmp_path, strategy: str, method: str, *, wait_gone=False, settle=True) -> dict:
+def run(tmp_path, strategy: str, method: str, *, wait_gone=False, settle=True,
+        parent_first=False) -> dict:
     script = tmp_path / "producer_exits.py"
     script.write_text(SCRIPT)
     paths = [os.getcwd(), os.environ.get("PYTHONPATH")]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, paths))}
-    done = subprocess.run([sys.executable, str(script), strategy, method, str(int(wait_gone)),
-                           str(int(settle))], capture_output=True, text=True, timeout=120, env=env,
-                          cwd=tmp_path)
+    argv = [strategy, method, *(str(int(x)) for x in (wait_gone, settle, parent_first))]
+    done = subprocess.run([sys.executable, str(script), *argv], capture_output=True, text=True,
+                          timeout=120, env=env, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -90,6 +98,17 @@ def test_file_system_message_outlives_its_producer_until_the_manager_grace_ends(
     assert after["refcount"] == 1 and after["gone after grace"], after
     assert not after["get"]["ok"] and after["get"]["error"] == "RuntimeError", after
     assert "No such file or directory" in after["get"]["text"], after
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.claim("C25.1", "C25.10", start_methods=("fork",))
+def test_file_system_message_outlives_its_producer_while_the_parent_keeps_the_manager(tmp_path):
+    # the parent allocated under file_system before forking: the producer used the parent's
+    # manager, which still has a client, so no grace starts when the producer exits
+    kept = run(tmp_path, "file_system", "fork", parent_first=True)
+    assert kept["exitcode"] == 0 and kept["files after 3 s"] == 1, kept
+    assert kept["get"] == {"ok": True, "value": 7.0, "shared": True}, kept
 
 
 @pytest.mark.slow

@@ -139,6 +139,32 @@ def test_the_strategy_is_per_process(tmp_path):
     assert out.stdout.split("\n")[:2] == ["fork file_system", "spawn file_descriptor"], out
 
 
+STRATEGY_TOP_LEVEL = """
+import multiprocessing as mp
+import torch.multiprocessing as tmp
+
+tmp.set_sharing_strategy("file_system")  # top level: the child re-runs this line
+
+def report(q):
+    q.put(tmp.get_sharing_strategy())
+
+if __name__ == "__main__":
+    for method in ("spawn", "forkserver"):
+        ctx = mp.get_context(method)
+        q = ctx.Queue()
+        p = ctx.Process(target=report, args=(q,))
+        p.start(); print(method, q.get(timeout=60)); p.join(60)
+"""
+
+
+@pytest.mark.claim("C25.118", start_methods=("spawn", "forkserver"))
+def test_a_top_level_strategy_call_is_re_run_in_the_child(tmp_path):
+    script = tmp_path / "strategy_top.py"
+    script.write_text(STRATEGY_TOP_LEVEL)
+    out = run("", str(script), timeout=150)
+    assert out.stdout.split("\n")[:2] == ["spawn file_system", "forkserver file_system"], out
+
+
 # --- Q4: what torch makes in /dev/shm ----------------------------------------------------------
 @pytest.mark.skipif(not shutil.which("strace"), reason="needs strace")
 @pytest.mark.claim("C25.207")

@@ -41,7 +41,9 @@ def one_rank():
 @pytest.mark.claim("C25.123")
 def test_ddp_all_reduces_gradients_during_backward(one_rank):
     torch.manual_seed(0)
-    model = DDP(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 1)))
+    net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 1), torch.nn.Linear(1, 1))
+    net[2].requires_grad_(False)  # a frozen layer: its parameters get no gradient to reduce
+    model = DDP(net)
     calls = []
 
     def hook(state, bucket):
@@ -54,10 +56,13 @@ def test_ddp_all_reduces_gradients_during_backward(one_rank):
     model(torch.randn(8, 4)).sum().backward()
     assert calls, "the all-reduce hook ran inside backward()"
     grads = {id(g) for _, gs in calls for g in gs}
-    assert len(grads) == sum(1 for _ in model.parameters())  # every gradient, in buckets
+    # every gradient of the parameters that require grad, in buckets
+    assert len(grads) == sum(1 for p in model.parameters() if p.requires_grad) == 4
     assert all(torch.equal(a, p) for a, p in zip(before, model.parameters(), strict=True))
     src = inspect.getsource(DDP.__init__)
     assert "bucket_cap_mb" in src
+    assert "_sync_module_states(" in src  # rank 0's parameters and buffers, broadcast once
+    assert "requires_grad" in inspect.getsource(DDP._build_params_for_reducer)
 
 
 @pytest.mark.claim("C25.127")
@@ -142,5 +147,9 @@ def test_dataparallel_is_one_process_with_threads():
     forward = inspect.getsource(data_parallel.DataParallel.forward)
     for step in ("self.scatter(", "self.replicate(", "self.parallel_apply(", "self.gather("):
         assert step in forward
+    # one device: after the scatter, the module itself runs, with no replica and no thread
+    one = forward.index("if len(self.device_ids) == 1:")
+    assert forward.index("self.scatter(") < one < forward.index("self.replicate(")
+    assert "return self.module(*inputs[0], **module_kwargs[0])" in forward[one:]
     assert "self.output_device" in forward
     assert "threading.Thread(" in inspect.getsource(parallel_apply.parallel_apply)

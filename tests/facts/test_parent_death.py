@@ -249,6 +249,10 @@ def _die_by_signal(i):
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+def _exit_non_zero(i):
+    sys.exit(3)  # SystemExit is no Exception: _wrap lets it end the process with that code
+
+
 @pytest.mark.slow
 @pytest.mark.claim("C25.116", start_methods=("spawn",))
 def test_spawn_join_stops_the_other_ranks_and_raises():
@@ -262,6 +266,9 @@ def test_spawn_join_stops_the_other_ranks_and_raises():
     with pytest.raises(tmp.ProcessExitedException) as err:
         tmp.spawn(_die_by_signal, nprocs=1)
     assert err.value.signal_name == "SIGKILL" and err.value.exit_code == -signal.SIGKILL
+    with pytest.raises(tmp.ProcessExitedException) as err:
+        tmp.spawn(_exit_non_zero, nprocs=1)
+    assert err.value.exit_code == 3 and err.value.signal_name is None
 
 
 @pytest.mark.claim("C25.115")
