@@ -52,6 +52,9 @@ def test_ipc_collect_frees_what_consumers_released():
     assert "Force collects GPU memory after it has been released by CUDA IPC" in doc
     assert "Force closes shared memory file used for reference counting" in doc
     assert "producer process stopped actively sending" in doc
+    # the collected blocks go back to the caching allocator; empty_cache hands cached ones out
+    empty = " ".join(inspect.getdoc(torch.cuda.empty_cache).split())
+    assert "Release all unoccupied cached memory currently held by the caching allocator" in empty
 
 
 @pytest.mark.claim("C25.218")
