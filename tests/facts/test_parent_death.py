@@ -292,3 +292,16 @@ def test_torchruns_agent_restarts_the_whole_group_and_forwards_signals():
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 
     assert "self._pcontext.close(death_sig" in inspect.getsource(LocalElasticAgent._shutdown)
+
+
+@pytest.mark.claim("C12.6", "C12.10")
+def test_a_dataloader_worker_checks_its_parent_once_per_loop_pass():
+    from torch.utils.data._utils import MP_STATUS_CHECK_INTERVAL, worker
+
+    loop = inspect.getsource(worker._worker_loop)
+    # the watchdog is the loop's condition; the get in the loop body waits at most 5 s, so an
+    # idle worker checks within 5 s and a busy one only after its current item
+    body = loop[loop.index("while watchdog.is_alive():"):]
+    assert "r = index_queue.get(timeout=MP_STATUS_CHECK_INTERVAL)" in body
+    assert MP_STATUS_CHECK_INTERVAL == 5.0
+    assert "os.getppid()" in inspect.getsource(worker.ManagerWatchdog)
