@@ -39,7 +39,10 @@ def main(strategy, method, wait_gone, settle, parent_first):
     q = ctx.Queue()
     p = ctx.Process(target=producer, args=(q, strategy, settle))
     p.start()
-    p.join(60)
+    # join() with no timeout: waitpid. join(60) waits on the sentinel pipe instead, and a spawn
+    # child's torch_shm_manager inherits its write end, so that join would return only when the
+    # manager exits, after its grace, with the file already gone (the subprocess has a timeout)
+    p.join()
     files = sorted(glob.glob(f"/dev/shm/torch_{p.pid}_*"))
     out = {"exitcode": p.exitcode, "files": len(files),
            "refcount": read_refcount(files[0][len("/dev/shm"):]) if files else None}
