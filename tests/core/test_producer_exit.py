@@ -98,7 +98,8 @@ def test_file_system_message_outlives_its_producer_until_the_manager_grace_ends(
     assert within["exitcode"] == 0 and within["files"] == 1 and within["refcount"] == 1, within
     assert within["get"] == {"ok": True, "value": 7.0, "shared": True}, within
     after = run(tmp_path, "file_system", method, wait_gone=True)
-    assert after["refcount"] == 1 and after["gone after grace"], after
+    # (read at join: on a loaded machine the grace may already be over, the file gone)
+    assert after["refcount"] in (1, None) and after["gone after grace"], after
     assert not after["get"]["ok"] and after["get"]["error"] == "RuntimeError", after
     assert "No such file or directory" in after["get"]["text"], after
 
@@ -122,8 +123,9 @@ def test_file_system_message_outlives_its_producer_while_the_parent_keeps_the_ma
 def test_file_descriptor_message_dies_with_its_producer(tmp_path, method):
     settled = run(tmp_path, "file_descriptor", method)
     assert settled["exitcode"] == 0 and settled["files"] == 0, settled
-    # the resource_sharer's listener socket was unlinked at the clean exit
-    assert settled["get"]["error"] == "FileNotFoundError", settled
+    # the resource_sharer's listener socket was unlinked at the clean exit (or, when the feeder
+    # thread was still pickling during the exit, nobody listens on it any more)
+    assert settled["get"]["error"] in ("FileNotFoundError", "ConnectionRefusedError"), settled
     if method == "fork":  # the race below does not depend on the start method
         racing = run(tmp_path, "file_descriptor", method, settle=False)
         # the feeder thread pickled the message during the exit, after the socket's clean-up ran

@@ -255,36 +255,6 @@ def test_share_memory_at_the_fd_limit_says_too_many_open_files():
                      r"mode: Too many open files \(24\)", out.stdout), out
 
 
-# --- Q4: a sender that exits before the receive -------------------------------------------
-EARLY = """
-import multiprocessing as mp
-import torch
-
-def produce(q):
-    q.put(torch.zeros(4))
-
-if __name__ == "__main__":
-    ctx = mp.get_context("fork")
-    q = ctx.Queue()
-    p = ctx.Process(target=produce, args=(q,))
-    p.start(); p.join(60)
-    print("exit", p.exitcode)
-    try:
-        q.get(timeout=30)
-        print("received")
-    except Exception as e:
-        print("ERR", type(e).__name__)
-"""
-
-
-@pytest.mark.claim("C25.2", start_methods=("fork",))
-def test_a_sender_that_exited_cleanly_cannot_hand_over_its_fd(tmp_path):
-    script = tmp_path / "early.py"
-    script.write_text(EARLY)
-    out = run("", str(script))
-    assert out.stdout.split() == ["exit", "0", "ERR", "FileNotFoundError"], out
-
-
 # --- Q4: the manager ----------------------------------------------------------------------
 MANAGER = """
 import multiprocessing as mp, os, sys, time

@@ -16,6 +16,7 @@ import sys
 import time
 
 import pytest
+from support.waiting import alive
 
 PY = sys.executable
 
@@ -112,14 +113,6 @@ if __name__ == "__main__":
     assert r == [False, False, [0.0] * 4, 0], r
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 def _ppid(pid: int) -> int:
     with open(f"/proc/{pid}/stat") as f:
         return int(f.read().rsplit(")", 1)[1].split()[1])
@@ -144,15 +137,15 @@ if __name__ == "__main__":
         parent.send_signal(sig)
         assert parent.wait(30) == -sig               # no Python code ran: no atexit clean-up
         time.sleep(0.5)
-        assert _alive(child) and _ppid(child) != parent.pid   # an orphan, re-parented
+        assert alive(child) and _ppid(child) != parent.pid   # an orphan, re-parented
     finally:
         parent.stdout.close()
-        if _alive(child):
+        if alive(child):
             os.kill(child, signal.SIGKILL)
         deadline = time.monotonic() + 10
-        while _alive(child) and time.monotonic() < deadline:
+        while alive(child) and time.monotonic() < deadline:
             time.sleep(0.05)
-    assert not _alive(child)
+    assert not alive(child)
 
 
 @pytest.mark.claim("C25.113", "C25.114", start_methods=("spawn",))

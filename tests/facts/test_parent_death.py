@@ -17,6 +17,7 @@ import textwrap
 
 import pytest
 import torch.multiprocessing as tmp
+from support.waiting import alive
 
 TIMEOUT = 60
 
@@ -56,20 +57,12 @@ SCENARIO = textwrap.dedent("""
 """)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 def _wait_gone(pid: int, seconds: float = 10) -> bool:
     import time
 
     end = time.monotonic() + seconds
     while time.monotonic() < end:
-        if not _alive(pid):
+        if not alive(pid):
             return True
         time.sleep(0.05)
     return False
@@ -123,7 +116,7 @@ def test_sigkill_and_sigterm_leave_the_children_running_a_normal_exit_does_not(t
             os.kill(parent, how)
             proc.wait(TIMEOUT)
             assert proc.returncode == -how  # SIGTERM too: no handler, no atexit, no clean-up
-            assert _alive(child) and not _wait_gone(child, 1)
+            assert alive(child) and not _wait_gone(child, 1)
             with open(f"/proc/{child}/stat") as f:
                 ppid = int(f.read().rsplit(")", 1)[1].split()[1])
             assert ppid != parent  # re-parented (to init or a subreaper)

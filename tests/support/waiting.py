@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 
+import psutil
+
 
 def wait_for(predicate, timeout: float = 10.0, what: str | None = None):
     """Return ``predicate()``'s first truthy value, polling every 20 ms; fail after ``timeout``."""
@@ -23,3 +25,11 @@ def stop(*procs, timeout: float = 30.0) -> None:
         if p.is_alive():
             p.kill()
             p.join()
+
+
+def alive(pid: int) -> bool:
+    """``pid`` runs: it exists and is not a zombie (a dead child nobody has reaped yet)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
