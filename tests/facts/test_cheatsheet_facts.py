@@ -367,3 +367,24 @@ os._exit(0)   # the interpreter's own exit would need fds too
     assert 0 < r["kept"] < 64 and r["error"], r
     assert r["error"].startswith("unable to open shared memory object </torch_"), r
     assert r["error"].endswith("Too many open files (24)"), r
+
+
+@pytest.mark.claim("C25.42")
+@pytest.mark.timeout(60)
+def test_file_system_holds_one_socket_per_manager_not_one_per_storage(tmp_path):
+    r = run(tmp_path, '''
+import json, os, torch, torch.multiprocessing as mp
+def sockets():
+    links = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            links.append(os.readlink(f"/proc/self/fd/{fd}"))
+        except FileNotFoundError:  # the fd listdir itself had open
+            pass
+    return sum(link.startswith("socket:") for link in links)
+mp.set_sharing_strategy("file_system")
+before = sockets()
+kept = [torch.zeros(10).share_memory_() for _ in range(25)]
+print(json.dumps({"before": before, "after": sockets(), "kept": len(kept)}))
+''')
+    assert r["kept"] == 25 and r["after"] - r["before"] == 1, r

@@ -9,15 +9,18 @@ process group reaches nobody else, and kills whatever it started before it ends.
 """
 
 import inspect
+import multiprocessing as mp
 import os
 import signal
 import subprocess
 import sys
 import textwrap
+import time
 
+import psutil
 import pytest
 import torch.multiprocessing as tmp
-from support.waiting import alive
+from support.waiting import alive, wait_for
 
 TIMEOUT = 60
 
@@ -298,3 +301,18 @@ def test_a_dataloader_worker_checks_its_parent_once_per_loop_pass():
     assert "r = index_queue.get(timeout=MP_STATUS_CHECK_INTERVAL)" in body
     assert MP_STATUS_CHECK_INTERVAL == 5.0
     assert "os.getppid()" in inspect.getsource(worker.ManagerWatchdog)
+
+
+@pytest.mark.claim("C25.43", start_methods=("fork",))
+@pytest.mark.timeout(60)
+def test_a_dead_child_is_a_zombie_until_its_parent_collects_it():
+    p = mp.get_context("fork").Process(target=time.sleep, args=(60,))
+    p.start()
+    try:
+        os.kill(p.pid, signal.SIGKILL)
+        wait_for(lambda: psutil.Process(p.pid).status() == psutil.STATUS_ZOMBIE, 10,
+                 "the killed child to become a zombie")
+        assert psutil.pid_exists(p.pid) and not alive(p.pid)
+    finally:
+        p.join(10)  # waitpid collects the exit status: the zombie is gone
+    assert p.exitcode == -signal.SIGKILL and not psutil.pid_exists(p.pid)
