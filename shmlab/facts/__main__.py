@@ -21,7 +21,7 @@ from shmlab.facts.render import CLAIMS_MD, render_repo
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m shmlab.facts",
+    p = argparse.ArgumentParser(prog="python -m shmlab facts",
                                 description="The fact base: shmlab/facts/claims.json.")
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser("render", help="write docs/CLAIMS.md from the registry")

@@ -92,6 +92,7 @@ def test_fd_limit_gives_a_clear_error_like_torch_fails():
         pytest.skip(f"the sender needs ~2,100 fds for 1,000 tensors; hard limit is {hard}")
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 4096), hard))
     try:
+        gc.collect()  # an earlier test's tensors, still waiting for the collector, hold fds too
         before = shm_fd_count()
         obs = both(fd_limit, 1000)
         gc.collect()

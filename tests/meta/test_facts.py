@@ -27,6 +27,7 @@ each and see it reported.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -316,3 +317,22 @@ def test_the_command_line_has_help_and_checks_that_claims_md_is_current():
         assert out.returncode == 0 and "usage:" in out.stdout, out
     from shmlab.facts.__main__ import main
     assert main(["render", "--check"]) == 0
+
+
+def test_every_gpu_claim_checked_against_the_source_is_marked_so_in_its_notebook():
+    """Until a GPU machine proves them, CUDA claims say so where they are taught (issue 25)."""
+    import nbformat
+
+    problems = []
+    for c in CLAIMS:
+        if c.device != "cuda" or c.checked != "source":
+            continue
+        nb = nbformat.read(REPO / "notebooks" / c.owner, 4)
+        marked = [cell for cell in nb.cells if cell.cell_type == "markdown"
+                  and "Checked against the source only" in cell.source
+                  and "只对照源码核对" in cell.source]
+        if not any(re.search(rf"(?<![\w.]){re.escape(c.id)}(?![\w.])", cell.source)
+                   for cell in marked):
+            problems.append(f"{c.owner}: {c.id} is missing from its notebook's 'Checked against "
+                            "the source only' list")
+    assert not problems, "\n".join(problems)
