@@ -329,10 +329,10 @@ def test_every_gpu_claim_checked_against_the_source_is_marked_so_in_its_notebook
             continue
         nb = nbformat.read(REPO / "notebooks" / c.owner, 4)
         marked = [cell for cell in nb.cells if cell.cell_type == "markdown"
-                  and "Checked against the source only" in cell.source
+                  and "checked against the source only" in cell.source
                   and "只对照源码核对" in cell.source]
         if not any(re.search(rf"(?<![\w.]){re.escape(c.id)}(?![\w.])", cell.source)
                    for cell in marked):
-            problems.append(f"{c.owner}: {c.id} is missing from its notebook's 'Checked against "
+            problems.append(f"{c.owner}: {c.id} is missing from its notebook's 'checked against "
                             "the source only' list")
     assert not problems, "\n".join(problems)
