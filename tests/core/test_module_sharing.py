@@ -96,6 +96,9 @@ if __name__ == "__main__":
 '''
 
 METHODS = ("fork", "spawn", "forkserver")
+# One run of the experiment answers every test here: under pytest-xdist they stay on one worker,
+# or each worker would run the module fixture (three interpreters per start method) again.
+pytestmark = pytest.mark.xdist_group("module-sharing")
 
 
 @pytest.fixture(scope="module")
