@@ -96,7 +96,8 @@ def test_fd_limit_gives_a_clear_error_like_torch_fails():
         before = shm_fd_count()
         obs = both(fd_limit, 1000)
         gc.collect()
-        assert shm_fd_count() == before
+        # <=: this test leaked none, and an earlier test's late garbage may have gone too
+        assert shm_fd_count() <= before
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
     for lib, o in obs.items():

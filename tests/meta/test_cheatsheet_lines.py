@@ -20,7 +20,7 @@ SIZES = {"en": r"4 MB tensor[^:]*: (\d+) bytes vs ([\d,]+) plain",
          "zh": r"4 MB 张量[^：]*：(\d+) 字节，普通 pickle 是 ([\d,]+) 字节"}
 
 
-def tested_pythons() -> list[str]:
+def pythons_the_suite_runs() -> list[str]:
     text = (REPO / "Makefile").read_text()
     return re.search(r"^PYTHONS\s*:=\s*(.*)$", text, re.M).group(1).split()
 
@@ -38,7 +38,7 @@ def test_checked_on_line_names_the_tested_pythons_and_the_pinned_torch(lang):
     found = re.search(CHECKED[lang], SHEETS[lang].read_text(encoding="utf-8"))
     assert found, f"{SHEETS[lang].name}: no 'checked on' line matching {CHECKED[lang]!r}"
     torch, oldest, newest = found.groups()
-    pythons = sorted(tested_pythons(), key=lambda v: tuple(map(int, v.split("."))))
+    pythons = sorted(pythons_the_suite_runs(), key=lambda v: tuple(map(int, v.split("."))))
     assert (oldest, newest) == (pythons[0], pythons[-1]), (found.group(0), pythons)
     assert {torch} == pinned_torch(), (found.group(0), pinned_torch())
 
