@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import selectors
 import socket
+import time
 
 from .eventlog import RateLimit
 from .protocol import MAX_LINE
@@ -53,6 +54,9 @@ class Conn:
         self.bad_lines = 0
         self.refusals = RateLimit()
         self.doomed: str | None = None  # close after this turn, for this reason (log only)
+        # When it connected or last finished a line: one clock for the silent and for the
+        # one trickling a line that never ends (see Note [Who may be evicted] in daemon.py).
+        self.heard = time.monotonic()
 
     # -- input ----------------------------------------------------------------------------
     def has_line(self) -> bool:
@@ -81,6 +85,7 @@ class Conn:
             return None
         line = bytes(self.inbox[:end]).rstrip(b"\r")
         del self.inbox[:end + 1]
+        self.heard = time.monotonic()
         return line
 
     # -- output ---------------------------------------------------------------------------
