@@ -5,7 +5,8 @@ Mirrors: torch/lib/libshm/manager.cpp (torch_shm_manager)
 Daemon side (the client side is client.py). Run as `python -m shmlab.manager [--grace S]
 [--max-clients N] [--max-observers N] [--log-bytes B] [--idle-timeout S]`; the first
 file_system allocation of a process family starts it (`shmlab.manager.client`). It prints
-one line on stdout, the socket path or `ERROR: ...`, then serves a text protocol, one line per message:
+one line on stdout, the socket path or `ERROR: ...`, then serves a text protocol, one line
+per message:
 
     REGISTER <pid> <name>  -> OK | ERR <reason>     (the name is now ours to reclaim)
     FREE <pid> <name>      -> (no reply)            (dropped only if the segment is gone)

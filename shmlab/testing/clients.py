@@ -116,7 +116,7 @@ def run(lib: str, handle: str, n: int, token: str, seed: int = 0, deadline: floa
     res_r, res_w = os.pipe()
     pids = []
     start = time.monotonic()
-    for name, mode in zip(all_names, modes):
+    for name, mode in zip(all_names, modes, strict=True):
         pid = os.fork()
         if pid == 0:
             os.close(go_w)
@@ -131,13 +131,13 @@ def run(lib: str, handle: str, n: int, token: str, seed: int = 0, deadline: floa
         if not chunk:
             break
         answers += chunk
-    served = [name for name, a in zip(all_names, answers.decode()) if a == "O"]
+    served = [name for name, a in zip(all_names, answers.decode().ljust(n, "R"), strict=True) if a == "O"]
     rec = {"lib": lib, "clients": n, "served": len(served), "refused": n - len(served),
            "register_s": round(time.monotonic() - start, 2)}
     if go is not None:
         go(rec)
     os.close(go_w)  # go
-    for pid, mode in zip(pids, modes):
+    for pid, mode in zip(pids, modes, strict=True):
         if mode == "kill":
             try:
                 os.kill(pid, signal.SIGKILL)

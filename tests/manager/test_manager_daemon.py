@@ -356,7 +356,7 @@ def test_connection_flood_is_bounded_and_idle_strangers_make_room(daemon, segmen
     d = daemon("--max-clients", "8")
     idle = [d.holder] + [Line(d.path) for _ in range(7)]
     assert status_through(idle[-1])["clients"] == 0  # connected but never registered
-    for i in range(5):  # each newcomer is served; the oldest silent stranger goes
+    for _ in range(5):  # each newcomer is served; the oldest silent stranger goes
         extra = Line(d.path)
         assert json.loads(extra.ask("STATUS"))["pid"] == d.proc.pid
         idle.append(extra)
