@@ -43,6 +43,7 @@ SHM_DIR = "/dev/shm"
 PREFIX = {"shmlab": "shmlab_clients", "torch": "torch_clients"}
 ALLOC_INFO = struct.Struct("=ic60s3x")  # torch's AllocInfo: pid_t pid; char free; char[60]
 MODES = ("bye", "exit", "kill")
+ANSWER = struct.Struct("=I?")  # a child's index and "served": 5 bytes, one atomic pipe write
 
 
 def names(lib: str, token: str, n: int) -> list[str]:
@@ -69,7 +70,7 @@ def _register(lib: str, handle: str, name: str, timeout: float) -> socket.socket
     return None
 
 
-def _child(lib: str, handle: str, name: str, mode: str, go_r: int, res_w: int,
+def _child(i: int, lib: str, handle: str, name: str, mode: str, go_r: int, res_w: int,
            timeout: float) -> None:
     """One member process. Never returns: os._exit, so no parent's cleanup runs twice."""
     path = os.path.join(SHM_DIR, name)
@@ -93,7 +94,7 @@ def _child(lib: str, handle: str, name: str, mode: str, go_r: int, res_w: int,
             os.unlink(path)
         except OSError:
             pass
-    os.write(res_w, b"O" if sock is not None else b"R")
+    os.write(res_w, ANSWER.pack(i, sock is not None))
     os.read(go_r, 1)  # end of file: the parent said go
     if mode == "bye" and sock is not None and lib == "shmlab":
         try:
@@ -116,22 +117,23 @@ def run(lib: str, handle: str, n: int, token: str, seed: int = 0, deadline: floa
     res_r, res_w = os.pipe()
     pids = []
     start = time.monotonic()
-    for name, mode in zip(all_names, modes, strict=True):
+    for i, (name, mode) in enumerate(zip(all_names, modes, strict=True)):
         pid = os.fork()
         if pid == 0:
             os.close(go_w)
             os.close(res_r)
-            _child(lib, handle, name, mode, go_r, res_w, timeout)
+            _child(i, lib, handle, name, mode, go_r, res_w, timeout)
         pids.append(pid)
     os.close(res_w)
     os.close(go_r)
     answers = b""
-    while len(answers) < n:
-        chunk = os.read(res_r, n)
+    while len(answers) < n * ANSWER.size:  # end of file early: a child died unanswered
+        chunk = os.read(res_r, n * ANSWER.size)
         if not chunk:
             break
         answers += chunk
-    served = [name for name, a in zip(all_names, answers.decode().ljust(n, "R"), strict=True) if a == "O"]
+    os.close(res_r)
+    served = [all_names[i] for i, ok in ANSWER.iter_unpack(answers) if ok]
     rec = {"lib": lib, "clients": n, "served": len(served), "refused": n - len(served),
            "register_s": round(time.monotonic() - start, 2)}
     if go is not None:
