@@ -5,7 +5,8 @@ Mirrors: the client side of torch/lib/libshm (socket.h: ClientSocket.register_al
 one 68-byte AllocInfo and reads "OK"), and of shmlab.manager.client (one "REGISTER" line, "OK").
 
 Run as a script by its path (never `-m`: importing the shmlab package would cost every fork
-its pages), by the stress tool's clients scenario and by tests/manager/test_manager_scale.py:
+its pages), by `drive()` (the stress tool's clients scenario: `python -m shmlab stress
+--clients 1100,2000`) and by tests/manager/test_manager_scale.py:
 
     python .../clients.py --lib shmlab|torch --handle PATH --n 1000 --token T [--seed 0]
 
@@ -30,13 +31,18 @@ torch_shm_manager the caller started, as shmlab's children speak shmlab's.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib.util
 import json
 import os
 import random
+import secrets
 import signal
 import socket
 import struct
+import subprocess
 import sys
+import tempfile
 import time
 
 SHM_DIR = "/dev/shm"
@@ -170,6 +176,64 @@ def unlink_all(lib: str, token: str) -> int:
             except FileNotFoundError:
                 pass
     return gone
+
+
+# -- the driver: one manager, one forker, side by side for shmlab and torch ---------------------
+def manager_command(lib: str) -> list[str]:
+    """How to start a manager by hand, as the first allocation of a family would."""
+    if lib == "shmlab":
+        return [sys.executable, "-m", "shmlab.manager"]
+    spec = importlib.util.find_spec("torch")  # found, not imported: the driver stays small
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("torch is not installed: the clients scenario compares with it")
+    return [os.path.join(spec.submodule_search_locations[0], "bin", "torch_shm_manager")]
+
+
+def drive(lib: str, n: int, seed: int = 0, deadline: float = 60.0) -> dict:
+    """Start `lib`'s manager, run N member processes on it, and say what it served and
+    reclaimed, how long after the last exit, and how the manager ended (0: it exited by
+    itself after its grace; "stuck": still there `deadline` s later; else its exit status)."""
+    token = secrets.token_hex(4)
+    err = tempfile.TemporaryFile()
+    manager = subprocess.Popen(manager_command(lib), stdout=subprocess.PIPE, stderr=err,
+                               stdin=subprocess.DEVNULL)
+    forker = None
+    try:
+        handle = manager.stdout.readline().decode().strip()
+        manager.stdout.close()
+        if not handle or handle.startswith("ERROR"):
+            raise RuntimeError(f"{lib}'s manager did not start: {handle!r}")
+        holder = socket.socket(socket.AF_UNIX)  # the starter's connection keeps it serving
+        holder.connect(handle)
+        forker = subprocess.Popen(
+            [sys.executable, __file__, "--lib", lib, "--handle", handle, "--n", str(n),
+             "--token", token, "--seed", str(seed), "--deadline", str(deadline)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True)
+        json.loads(forker.stdout.readline())  # every child has its answer
+        holder.close()
+        forker.stdin.write("go\n")
+        forker.stdin.flush()
+        rec = json.loads(forker.stdout.readline())
+        try:
+            rec["manager_exit"] = manager.wait(deadline)
+        except subprocess.TimeoutExpired:
+            rec["manager_exit"] = "stuck"
+        err.seek(0)
+        rec["manager_stderr"] = err.read()[-400:].decode(errors="replace")
+        rec["leaked"] = len(rec.pop("left"))
+        return rec
+    finally:
+        if forker is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(forker.pid, signal.SIGKILL)  # the forker and its children
+            forker.wait()
+            forker.stdin.close()
+            forker.stdout.close()
+        if manager.poll() is None:
+            manager.kill()
+            manager.wait()
+        err.close()
+        unlink_all(lib, token)
 
 
 def main(argv: list[str] | None = None) -> int:
