@@ -83,12 +83,14 @@ FD_RESERVE = 64  # fds of our own: std streams, the listening socket, epoll, the
 # Our fds are finite (RLIMIT_NOFILE, raised to the hard limit at start), so connections are
 # capped (default_max_clients), and a cap is a way to deny service: 1,000 connections that
 # never speak would keep every real client out. So a *new* connection (it has not yet sent
-# REGISTER, FREE or WATCH) that has not finished a line for idle_timeout_s (30 s) is evicted:
-# silent, or trickling a line that never ends, alike (Conn.heard); and when the table is full,
-# the longest-idle new connection makes room for the newcomer instead of the newcomer being
-# refused. A real client sends REGISTER right after connecting and a STATUS poller sends whole
-# lines, so neither is the longest-idle one. Evicting a new connection costs nothing: it holds
-# no name and no membership. We never evict a client or an observer:
+# REGISTER, FREE or WATCH) is evicted after idle_timeout_s (30 s) if it never finished a line,
+# or if it has been in the middle of one that long (Conn.heard: when it connected or last
+# finished a line); one that asked STATUS and waits quietly is left alone (a ManagerClient
+# used for STATUS first may REGISTER minutes later, on the same socket). And when the table
+# is full, the longest-idle new connection makes room for the newcomer instead of the newcomer
+# being refused: a real client sends REGISTER right after connecting, so it is not the
+# longest-idle one. Evicting a new connection costs no data: it holds no name and no
+# membership. We never evict a client or an observer:
 #   * a client's names would not be lost at once (liveness.py keeps a member that closed
 #     without BYE while its process lives), but its *next* REGISTER would meet a closed socket:
 #     the client reports the manager gone, a segment then goes unregistered and leaks when its
@@ -413,13 +415,16 @@ class Manager:
             conn.queue("ERR internal error")
 
     def evict_idle(self) -> float:
-        """Drop new connections silent (no whole line) for idle_timeout_s; return the seconds
-        until the next one is due (Note [Who may be evicted])."""
+        """Drop new connections that never finished a line, or sit in the middle of one, for
+        idle_timeout_s; return the seconds until the next may be due (Note [Who may be
+        evicted])."""
         now, due = time.monotonic(), self.idle_timeout_s
-        for conn in [c for c in self.conns.values() if c.kind == "new"]:
+        for conn in [c for c in self.conns.values()
+                     if c.kind == "new" and not (c.spoke and not c.inbox)]:
             left = conn.heard + self.idle_timeout_s - now
             if left <= 0:
-                self.drop(conn, f"no request for {self.idle_timeout_s:g} s: evicted")
+                self.drop(conn, f"{'in the middle of a line' if conn.inbox else 'silent'} "
+                          f"for {self.idle_timeout_s:g} s: evicted")
             else:
                 due = min(due, left)
         return max(due, 0.01)

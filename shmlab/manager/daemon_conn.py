@@ -57,6 +57,7 @@ class Conn:
         # When it connected or last finished a line: one clock for the silent and for the
         # one trickling a line that never ends (see Note [Who may be evicted] in daemon.py).
         self.heard = time.monotonic()
+        self.spoke = False  # it has sent one complete line at least
 
     # -- input ----------------------------------------------------------------------------
     def has_line(self) -> bool:
@@ -85,7 +86,7 @@ class Conn:
             return None
         line = bytes(self.inbox[:end]).rstrip(b"\r")
         del self.inbox[:end + 1]
-        self.heard = time.monotonic()
+        self.heard, self.spoke = time.monotonic(), True
         return line
 
     # -- output ---------------------------------------------------------------------------

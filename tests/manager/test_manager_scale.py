@@ -236,26 +236,30 @@ def test_the_default_table_leaves_a_pidfd_per_member_and_our_own_fds():
 @pytest.mark.timeout(30)
 def test_idle_and_half_line_strangers_are_evicted_but_a_silent_client_is_not(daemon, segment):
     """Note [Who may be evicted]: a connection that never sent a line, and one stuck in the
-    middle of one, are closed after --idle-timeout; a client silent as long keeps its
-    connection (and so its names)."""
+    middle of one, are closed after --idle-timeout; a STATUS poller and a client silent as
+    long keep their connections (a client: its names)."""
     d = daemon("--idle-timeout", "0.5")
-    silent, half, client = (socket.socket(socket.AF_UNIX) for _ in range(3))
+    silent, half, poller, client = (socket.socket(socket.AF_UNIX) for _ in range(4))
     try:
-        for s in (silent, half, client):
+        for s in (silent, half, poller, client):
             s.settimeout(5)
             s.connect(d.path)
         half.sendall(b"STATUS 0")  # ... and never the end of the line
+        poller.sendall(b"STATUS 0 0\n")
+        assert json.loads(poller.recv(4096))["clients"] == 0
         client.sendall(f"REGISTER {os.getpid()} {segment()}\n".encode())
         assert client.recv(64) == b"OK\n"
         assert silent.recv(64) == b"" and half.recv(64) == b""  # evicted, both
         time.sleep(0.5)
-        client.sendall(b"STATUS 0 0\n")
-        assert json.loads(client.recv(4096))["clients"] == 1
+        for s in (poller, client):  # a STATUS poller and a client: both kept
+            s.sendall(b"STATUS 0 0\n")
+            assert json.loads(s.recv(4096))["clients"] == 1
         reasons = [e["reason"] or "" for e in d.log()]
         assert sum("evicted" in r for r in reasons) >= 2  # the holder may be a third
+        assert any("in the middle of a line" in r for r in reasons)
         client.sendall(b"BYE\n")
     finally:
-        for s in (silent, half, client):
+        for s in (silent, half, poller, client):
             s.close()
     assert d.wait() == (0, "")
 
