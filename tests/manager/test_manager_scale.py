@@ -13,6 +13,7 @@ import json
 import os
 import resource
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -84,6 +85,7 @@ def daemon():
             d.proc.kill()
         d.proc.wait(10)
         d.proc.stderr.close()
+        shutil.rmtree(d.dir, ignore_errors=True)  # only left behind by a killed manager
 
 
 @pytest.fixture
@@ -301,3 +303,17 @@ def test_1000_concurrent_member_processes_are_all_served_and_all_reclaimed(daemo
         forker.stdout.close()
         clients.unlink_all("shmlab", token)
         assert not [f for f in os.listdir(SHM) if token in f]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_the_stress_clients_scenario_runs_both_managers_side_by_side(capsys):
+    """`python -m shmlab stress --clients N`: one row per manager, torch's beside ours, and
+    exit status 0 when ours served and reclaimed every client."""
+    from shmlab.testing import stress
+
+    assert stress.main(["--clients", "60", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["lib"], r["served"], r["reclaimed"], r["leaked"], r["crashed"]) for r in rows] \
+        == [("shmlab", 60, 60, 0, 0), ("torch", 60, 60, 0, 0)]
+    assert all(r["reclaim_s"] is not None for r in rows)
