@@ -4,6 +4,7 @@
     python -m shmlab drill [--cards N] [--export anki|csv FILE]   interview flashcards
     python -m shmlab bench handoff [--plot FILE]          the hand-off benchmark against torch
     python -m shmlab stress [--trials N] [--faults]       kill families, check what they leave
+    python -m shmlab stress --clients 1100,2000           N clients on one manager, vs torch
     python -m shmlab labs release|grade|hash|...          the labs' instructor commands
     python -m shmlab manager [--grace S]                  run a manager daemon in the foreground
     python -m shmlab facts render|merge|check             the fact base behind docs/CLAIMS.md

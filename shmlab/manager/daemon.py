@@ -3,9 +3,10 @@
 Mirrors: torch/lib/libshm/manager.cpp (torch_shm_manager)
 
 Daemon side (the client side is client.py). Run as `python -m shmlab.manager [--grace S]
-[--max-clients N] [--max-observers N] [--log-bytes B]`; the first file_system allocation of a
-process family starts it (`shmlab.manager.client`). It prints one line on stdout, the socket
-path or `ERROR: ...`, then serves a text protocol, one line per message:
+[--max-clients N] [--max-observers N] [--log-bytes B] [--idle-timeout S]`; the first
+file_system allocation of a process family starts it (`shmlab.manager.client`). It prints
+one line on stdout, the socket path or `ERROR: ...`, then serves a text protocol, one line
+per message:
 
     REGISTER <pid> <name>  -> OK | ERR <reason>     (the name is now ours to reclaim)
     FREE <pid> <name>      -> (no reply)            (dropped only if the segment is gone)
@@ -34,7 +35,9 @@ Extensions around it (torch has none), each in its own section of Manager after 
     refused|reclaimed|exiting, and queues it to WATCH observers;
   * service no peer can stall: buffered replies and back-pressure (daemon_conn.py), a budget
     of lines per turn (serve_lines, watch_conn), limits (max clients, max observers,
-    MAX_SEGMENTS, MAX_BAD_LINES, a spare fd for a full fd table).
+    MAX_SEGMENTS, MAX_BAD_LINES, a spare fd for a full fd table), every field of a line
+    bounded (protocol.py), idle 'new' connections evicted (evict_idle), and a last guard
+    around each line (Note [One peer's line cannot stop the reclaim]).
 Lines of the story's methods that serve an extension say "extension".
 """
 
@@ -52,18 +55,19 @@ import struct
 import sys
 import tempfile
 import time
+import traceback
 from collections import Counter
 
 from .._shm import SHM_DIR
 from .daemon_conn import CLIENT_HIGH_WATER, MAX_BAD_LINES, Conn, LineTooLong
 from .eventlog import EventLog
 from .liveness import Members
-from .protocol import parse_options, parse_request, segment_exists
+from .protocol import MAX_SEGMENTS, parse_options, parse_request, segment_exists
 
 LINES_PER_TURN = 16  # see Note [Fair service]
 ACCEPTS_PER_TURN = 16
 LIVENESS_POLL_S = 0.1  # how often we look at members that left without BYE
-MAX_SEGMENTS = 1 << 18  # a runaway client must not grow our memory without bound
+FD_RESERVE = 64  # fds of our own: std streams, the listening socket, epoll, the log, the spare
 
 
 # Note [Who keeps the manager alive]
@@ -75,20 +79,58 @@ MAX_SEGMENTS = 1 << 18  # a runaway client must not grow our memory without boun
 # restarts the 2 s wait nor shows up as joined/left, and a WATCH observer never delays the
 # reclaim: it sees the `reclaimed` and `exiting` events, then end-of-file.
 
+# Note [Who may be evicted]
+# Our fds are finite (RLIMIT_NOFILE, raised to the hard limit at start), so connections are
+# capped (default_max_clients), and a cap is a way to deny service: 1,000 connections that
+# never speak would keep every real client out. So a *new* connection (it has not yet sent
+# REGISTER, FREE or WATCH) is evicted after idle_timeout_s (30 s) if it never finished a line,
+# or if it has been in the middle of one that long (Conn.heard: when it connected or last
+# finished a line); one that asked STATUS and waits quietly is left alone (a ManagerClient
+# used for STATUS first may REGISTER minutes later, on the same socket). And when the table
+# is full, the longest-idle new connection makes room for the newcomer instead of the newcomer
+# being refused: a real client sends REGISTER right after connecting, so it is not the
+# longest-idle one. Evicting a new connection costs no data: it holds no name and no
+# membership. We never evict a client or an observer:
+#   * a client's names would not be lost at once (liveness.py keeps a member that closed
+#     without BYE while its process lives), but its *next* REGISTER would meet a closed socket:
+#     the client reports the manager gone, a segment then goes unregistered and leaks when its
+#     process is killed, or a share fails. And a client that is silent or stopped half-way
+#     through a line (SIGSTOP, a debugger, a loaded box) is slow, not hostile;
+#   * clients are bounded anyway: one per connection, the table sized from the fd limit, and
+#     a member process costs one pidfd more, which default_max_clients leaves room for;
+#   * observers are capped on their own (max_observers) and dropped when they stop reading.
+# So the cap can only be reached by clients the fd limit admits, never by idle strangers.
+
+# Note [One peer's line cannot stop the reclaim]
+# Every field of a line is checked before use (Note [Every field bounded] in protocol.py), and
+# a bad line answers ERR to its sender alone. If handling a line still raises, that is a bug of
+# ours, but letting it out of serve() would end the daemon, and with it the reclaim of every
+# family's segments: one peer's line would leak every other peer's files. So serve_lines()
+# guards the handling of one line, and only that: the exception is written to the event log
+# (a "refused" event with the traceback: the bug stays visible), the peer gets
+# `ERR internal error`, and the loop goes on. Exception only: KeyboardInterrupt and SystemExit
+# still end the daemon, and a failure anywhere else in the loop (accepting, the selector,
+# liveness) still crashes it loudly.
+
 # Note [Fair service]
 # One loop turn serves at most LINES_PER_TURN lines of each connection, then moves on; lines
 # beyond that wait in the inbox (and we stop reading that socket), so a peer pipelining
 # thousands of STATUS or garbage lines delays a REGISTER by at most one turn of everybody's
-# budget. STATUS is bounded (one page, MAX_STATUS_PAGE names at most) and cheap: no sort of all
-# names per call, just a slice of the registration order; so is every reply.
+# budget. A turn touches only the connections it has to: those the selector woke, those with
+# lines left from their budget (`carry`) and the observers (events are queued to them from
+# any line); with 2,000 clients connected, walking all of them every turn made each REGISTER
+# cost O(clients). STATUS is bounded (one page, MAX_STATUS_PAGE names at most) and cheap: no
+# sort of all names per call, just a slice of the registration order; so is every reply.
 
 
 class Manager:
     """One daemon: its listening socket, its connections, the names it will reclaim."""
 
     def __init__(self, grace_s: float, max_clients: int, max_observers: int = 64,
-                 log_bytes: int = 4 << 20):
+                 log_bytes: int = 4 << 20, idle_timeout_s: float = 30.0):
         self.grace_s, self.max_clients, self.max_observers = grace_s, max_clients, max_observers
+        self.idle_timeout_s = idle_timeout_s
+        self.next_sweep = 0.0  # when evict_idle() walks the connections next
         self.dir = tempfile.mkdtemp(prefix="shmlab-shm-dir-")  # mode 0700: only we can enter
         self.path = os.path.join(self.dir, "manager.sock")
         self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -104,6 +146,8 @@ class Manager:
         self.sel = selectors.DefaultSelector()
         self.sel.register(self.server, selectors.EVENT_READ)
         self.conns: dict[socket.socket, Conn] = {}
+        self.observers: dict[Conn, None] = {}  # the 'observer' conns, in order: event() sends
+        self.carry: dict[Conn, None] = {}  # conns with lines left for the next turn
         self.kinds: Counter = Counter()  # how many connections of each kind are open
         self.members = Members()
         self.segments: dict[str, None] = {}  # registration order: STATUS pages slice it
@@ -128,7 +172,7 @@ class Manager:
         pid, uid, _gid = struct.unpack("3i", creds)  # the kernel's word, not the peer's
         if uid != os.geteuid():
             self.refuse_and_close(sock, pid, f"peer uid {uid} is not our uid {os.geteuid()}")
-        elif len(self.conns) >= self.max_clients:
+        elif len(self.conns) >= self.max_clients and not self.evict_one_new():
             self.refuse_and_close(sock, pid, f"too many connections ({self.max_clients})")
         else:
             sock.setblocking(False)
@@ -192,6 +236,8 @@ class Manager:
     def drop(self, conn: Conn, reason: str | None = None, broadcast: bool = True) -> None:
         if self.conns.pop(conn.sock, None) is None:
             return
+        self.observers.pop(conn, None)
+        self.carry.pop(conn, None)
         self.kinds[conn.kind] -= 1
         if reason:  # say why first: whoever sees the hang-up can already read the reason
             self.event("refused", pid=conn.pid, reason=reason, broadcast=broadcast)
@@ -218,7 +264,7 @@ class Manager:
                 self.event("exited", pid=pid)
                 self.maybe_start_grace()
             busy = any(c.has_line() and len(c.outbox) < CLIENT_HIGH_WATER
-                       for c in self.conns.values())
+                       for c in self.carry)
             timeout = 0 if busy else None
             if self.members.kept_alive():
                 timeout = LIVENESS_POLL_S if timeout is None else timeout
@@ -227,18 +273,30 @@ class Manager:
                 if left <= 0:
                     return  # grace over and nobody came back
                 timeout = left if timeout is None else min(timeout, left)
+            if self.kinds["new"]:  # extension: Note [Who may be evicted]
+                now = time.monotonic()
+                if now >= self.next_sweep:  # a walk of every conn: at most 10 per timeout
+                    self.next_sweep = now + max(self.evict_idle(), self.idle_timeout_s / 10)
+                wait = max(self.next_sweep - now, 0.0)
+                timeout = wait if timeout is None else min(timeout, wait)
             self.turn(timeout)
 
     def turn(self, timeout: float | None) -> None:
+        touched, self.carry = self.carry, {}  # see Note [Fair service]
         for key, mask in self.sel.select(timeout):
             if key.fileobj is self.server:
                 for _ in range(ACCEPTS_PER_TURN):
                     self.accept()
-            elif mask & selectors.EVENT_READ:
+                continue
+            if mask & selectors.EVENT_READ:
                 key.data.receive()
-        for conn in list(self.conns.values()):
+            touched[key.data] = None
+        for conn in list(touched):
             self.serve_lines(conn)
-        for conn in list(self.conns.values()):
+        touched.update(self.observers)  # the lines just served may have queued them events
+        for conn in list(touched):
+            if conn.sock not in self.conns:
+                continue
             if conn.doomed:  # closed after its last reply had its chance, quietly
                 conn.flush()
                 self.drop(conn, conn.doomed, broadcast=False)
@@ -246,6 +304,8 @@ class Manager:
                 self.drop(conn)
             else:
                 self.watch_conn(conn)
+                if conn.has_line():  # its budget ran out: serve the rest next turn
+                    self.carry[conn] = None
 
     def shutdown(self, crash: BaseException | None = None) -> None:
         # First the one job that matters, with nothing in between that could raise: unlink.
@@ -297,10 +357,9 @@ class Manager:
         line = json.dumps({"t": time.time(), "event": kind, "pid": pid, "name": name,
                            "reason": reason})
         self.log.write(line)
-        if broadcast and self.kinds["observer"]:
-            for conn in self.conns.values():
-                if conn.kind == "observer" and not conn.doomed:
-                    conn.queue(line)
+        for conn in self.observers if broadcast else ():
+            if not conn.doomed:
+                conn.queue(line)
 
     def refused(self, conn: Conn, reason: str, name=None) -> None:
         """A "refused" event, at most a burst and then a few a second per connection."""
@@ -317,6 +376,8 @@ class Manager:
         self.kinds[conn.kind] -= 1
         self.kinds[kind] += 1
         conn.kind = kind
+        if kind == "observer":
+            self.observers[conn] = None
 
     def refuse_and_close(self, sock: socket.socket, pid: int | None, reason: str) -> None:
         self.event("refused", pid=pid, reason=reason)
@@ -339,9 +400,43 @@ class Manager:
             if line is None:
                 break
             budget -= 1
-            self.handle(conn, line)
+            try:
+                self.handle(conn, line)
+            except Exception as exc:  # noqa: BLE001 - Note [One peer's line cannot stop the reclaim]
+                self.internal_error(conn, line, exc)
         if conn.eof and conn.sock in self.conns:  # the peer closed or died
             self.drop(conn, "disconnected in the middle of a line" if conn.inbox else None)
+
+    def internal_error(self, conn: Conn, line: bytes, exc: Exception) -> None:
+        """A bug of ours met `line`: log it with its traceback, answer ERR, keep serving."""
+        trace = "".join(traceback.format_exception(exc))[-2000:]
+        self.event("refused", pid=conn.pid, reason=f"internal error on {line[:40]!r}: {trace}")
+        if conn.sock in self.conns and not line.startswith(b"FREE"):  # FREE has no reply
+            conn.queue("ERR internal error")
+
+    def evict_idle(self) -> float:
+        """Drop new connections that never finished a line, or sit in the middle of one, for
+        idle_timeout_s; return the seconds until the next may be due (Note [Who may be
+        evicted])."""
+        now, due = time.monotonic(), self.idle_timeout_s
+        for conn in [c for c in self.conns.values()
+                     if c.kind == "new" and not (c.spoke and not c.inbox)]:
+            left = conn.heard + self.idle_timeout_s - now
+            if left <= 0:
+                self.drop(conn, f"{'in the middle of a line' if conn.inbox else 'silent'} "
+                          f"for {self.idle_timeout_s:g} s: evicted")
+            else:
+                due = min(due, left)
+        return max(due, 0.01)
+
+    def evict_one_new(self) -> bool:
+        """The table is full: evict the longest-idle new connection, if any, for a newcomer."""
+        idle = [c for c in self.conns.values() if c.kind == "new"]
+        if not idle:
+            return False
+        self.drop(min(idle, key=lambda c: c.heard), "evicted to admit a newcomer "
+                  f"({self.max_clients} connections open)")
+        return True
 
     def watch_conn(self, conn: Conn) -> None:
         """Tell the selector what this connection waits for now (nothing: unregistered)."""
@@ -366,11 +461,24 @@ class Manager:
             time.sleep(0.005)
 
 
-def _raise_fd_limit(need: int) -> None:
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)  # one fd per client, plus ours
-    if soft != resource.RLIM_INFINITY and soft < need:
-        resource.setrlimit(resource.RLIMIT_NOFILE,
-                           (need if hard == resource.RLIM_INFINITY else min(need, hard), hard))
+def raise_fd_limit() -> int:
+    """Raise our soft RLIMIT_NOFILE to the hard limit (any process may); return the limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY:  # the kernel caps fds at fs.nr_open anyway
+        with open("/proc/sys/fs/nr_open") as f:
+            hard = int(f.read())
+    if soft == resource.RLIM_INFINITY or soft >= hard:
+        return hard
+    with contextlib.suppress(ValueError, OSError):
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, resource.getrlimit(
+            resource.RLIMIT_NOFILE)[1]))
+        return hard
+    return soft
+
+
+def default_max_clients(nofile: int) -> int:
+    """Connections our fd limit can hold: a socket and a pidfd each, after our own fds."""
+    return max(1, (nofile - FD_RESERVE) // 2)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -381,12 +489,15 @@ def main(argv: list[str] | None = None) -> int:
     os.chdir("/")  # a daemon should not keep its starter's working directory busy
     try:
         args = parse_options(sys.argv[1:] if argv is None else argv)
-        _raise_fd_limit(2 * args.max_clients + 64)  # a socket and a pidfd per member
-        manager = Manager(args.grace, args.max_clients, args.max_observers, args.log_bytes)
+        nofile = raise_fd_limit()  # then the table is what the limit holds, unless told
+        max_clients = args.max_clients or default_max_clients(nofile)
+        manager = Manager(args.grace, max_clients, args.max_observers, args.log_bytes,
+                          args.idle_timeout)
     except Exception as exc:  # the starter reads exactly one line: make it say why
         print(f"ERROR: {exc}", flush=True)
         return 1
-    manager.event("started", pid=os.getpid(), reason=f"grace {manager.grace_s} s")
+    manager.event("started", pid=os.getpid(), reason=f"grace {manager.grace_s} s, at most "
+                  f"{manager.max_clients} connections")
     try:
         print(manager.path, flush=True)
         handshake_ok = True

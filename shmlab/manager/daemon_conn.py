@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import selectors
 import socket
+import time
 
 from .eventlog import RateLimit
 from .protocol import MAX_LINE
@@ -53,6 +54,10 @@ class Conn:
         self.bad_lines = 0
         self.refusals = RateLimit()
         self.doomed: str | None = None  # close after this turn, for this reason (log only)
+        # When it connected or last finished a line: one clock for the silent and for the
+        # one trickling a line that never ends (see Note [Who may be evicted] in daemon.py).
+        self.heard = time.monotonic()
+        self.spoke = False  # it has sent one complete line at least
 
     # -- input ----------------------------------------------------------------------------
     def has_line(self) -> bool:
@@ -81,6 +86,7 @@ class Conn:
             return None
         line = bytes(self.inbox[:end]).rstrip(b"\r")
         del self.inbox[:end + 1]
+        self.heard, self.spoke = time.monotonic(), True
         return line
 
     # -- output ---------------------------------------------------------------------------

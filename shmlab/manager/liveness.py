@@ -33,6 +33,21 @@ import select
 # exits. Leaking a file for a while is better than unlinking a user's data.
 
 
+# Note [Asking a pidfd without a ceiling]
+# select() takes fd numbers below FD_SETSIZE (1024) only: with ~510 members connected our
+# pidfds pass that number and select() raises ValueError, out of the daemon's loop. poll()
+# has no such ceiling, and a poll object costs no fd (it is a list handed to one syscall),
+# so we ask each pidfd on its own, at no timeout. We do not register pidfds with the
+# daemon's selector instead: a pidfd stays readable forever once its process exits, so each
+# one would have to be unregistered at the right moment or the loop spins, and the daemon
+# only needs the answer for members with no connection open, which it already polls every
+# LIVENESS_POLL_S (0.1 s): a wake-up on exit would save at most that.
+def _readable(fd: int) -> bool:
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(0))
+
+
 def start_time(pid: int) -> int | None:
     """The process's start time in clock ticks since boot, or None if it is gone or a zombie."""
     try:
@@ -62,7 +77,7 @@ class Member:
         if self.start is None:
             return False  # gone (or a zombie) the moment we first looked
         if self.pidfd is not None:  # readable = exited; immune to pid reuse
-            return not select.select([self.pidfd], [], [], 0)[0]
+            return not _readable(self.pidfd)
         return start_time(self.pid) == self.start  # a new start time = someone else's pid
 
     def close(self) -> None:

@@ -22,7 +22,12 @@ from .._shm import PREFIX, SHM_DIR
 DAEMON_MODULE = "shmlab.manager"
 MAX_LINE = 4096  # bytes; a longer line is refused and its sender dropped
 DEFAULT_GRACE_S = 2.0  # torch: SHUTDOWN_TIMEOUT = 2000 ms
-DEFAULT_MAX_CLIENTS = 1024
+MAX_SEGMENTS = 1 << 18  # names one manager keeps: a runaway client must not grow it unbounded
+# The kernel's own ceiling on pid numbers (PID_MAX_LIMIT on 64-bit Linux, 2^22): no pid, and so
+# no pid field of a line, can be larger, whatever /proc/sys/kernel/pid_max says today.
+PID_LIMIT = 1 << 22
+MAX_DIGITS = 12  # a numeric field longer than this is refused before int() ever sees it
+DEFAULT_IDLE_TIMEOUT_S = 30.0  # see Note [Who may be evicted] in daemon.py
 DEFAULT_MAX_OBSERVERS = 64  # WATCH connections at once; each costs a queue of events
 DEFAULT_LOG_BYTES = 4 << 20  # events.jsonl rotates to events.jsonl.1 past this size
 STATUS_PAGE = 100  # names in a STATUS answer unless the caller asks for fewer or more ...
@@ -42,25 +47,46 @@ def parse_name(raw: str) -> str:
     return match.group(1)
 
 
+# Note [Every field bounded]
+# Any process of our uid can connect and write anything, and one exception out of the daemon's
+# loop stops the reclaim for every family it serves. So each numeric field is checked as text
+# first (ASCII digits only, at most MAX_DIGITS of them: int() never sees 10^4000 or a
+# non-ASCII digit), then as a number against the largest value that can make sense: a pid
+# below PID_LIMIT, an offset at most MAX_SEGMENTS (there are never more names than that), a
+# page clipped to MAX_STATUS_PAGE. What passes here cannot overflow anything downstream
+# (islice included).
+_DIGITS_RE = re.compile(rf"[0-9]{{1,{MAX_DIGITS}}}")
+
+
+def parse_number(text: str, what: str, low: int, high: int) -> int:
+    """`text` as an int in low..high, or ValueError saying what was expected."""
+    if _DIGITS_RE.fullmatch(text) is None or not low <= int(text) <= high:
+        raise ValueError(f"{what} must be a number from {low} to {high}, not {text[:24]!r}")
+    return int(text)
+
+
 def parse_request(line: bytes) -> tuple[str, int | None, str | tuple[int, int] | None]:
     """b"REGISTER 12 shmlab_12_7_0" -> ("REGISTER", 12, "shmlab_12_7_0"); ValueError if bad.
 
-    b"STATUS [offset [limit]]" -> ("STATUS", None, (offset, limit)), limit clipped to
-    MAX_STATUS_PAGE; WATCH and BYE take no arguments: ("WATCH", None, None).
+    b"STATUS [offset [limit]]" -> ("STATUS", None, (offset, limit)), offset at most
+    MAX_SEGMENTS, limit clipped to MAX_STATUS_PAGE; WATCH and BYE take no arguments:
+    ("WATCH", None, None). See Note [Every field bounded].
     """
     parts = line.decode("ascii", "replace").split()  # undecodable bytes cannot match below
     cmd = parts[0] if parts else ""
     if cmd in ("REGISTER", "FREE"):
-        if len(parts) != 3 or not parts[1].isdigit():
+        if len(parts) != 3:
             raise ValueError(f"usage: {cmd} <pid> <name>")
-        return cmd, int(parts[1]), parse_name(parts[2])
-    if cmd == "STATUS" and len(parts) <= 3 and all(p.isdigit() for p in parts[1:]):
-        offset, limit = ([int(p) for p in parts[1:]] + [0, STATUS_PAGE])[:2]
+        return cmd, parse_number(parts[1], "pid", 1, PID_LIMIT - 1), parse_name(parts[2])
+    if cmd == "STATUS":
+        if len(parts) > 3:
+            raise ValueError("usage: STATUS [<offset> [<limit>]]")
+        offset = parse_number(parts[1], "offset", 0, MAX_SEGMENTS) if len(parts) > 1 else 0
+        limit = (parse_number(parts[2], "limit", 0, 10**MAX_DIGITS - 1) if len(parts) > 2
+                 else STATUS_PAGE)
         return cmd, None, (offset, min(limit, MAX_STATUS_PAGE))
     if cmd in ("WATCH", "BYE") and len(parts) == 1:
         return cmd, None, None
-    if cmd == "STATUS":
-        raise ValueError("usage: STATUS [<offset> [<limit>]]")
     raise ValueError(f"unknown command {line[:40]!r} (REGISTER, FREE, STATUS, WATCH or BYE)")
 
 
@@ -88,8 +114,12 @@ def parse_options(argv: list[str]) -> argparse.Namespace:
                         default=os.environ.get("SHMLAB_MANAGER_GRACE", DEFAULT_GRACE_S),
                         help="seconds to wait after the last member leaves (says BYE or dies) "
                              "(default: $SHMLAB_MANAGER_GRACE or 2)")
-    parser.add_argument("--max-clients", type=int, default=DEFAULT_MAX_CLIENTS,
-                        help="connections served at once; more are refused (default 1024)")
+    parser.add_argument("--max-clients", type=int, default=None,
+                        help="connections served at once (default: what the fd limit allows, "
+                             "see daemon.default_max_clients)")
+    parser.add_argument("--idle-timeout", type=float, default=DEFAULT_IDLE_TIMEOUT_S,
+                        help="seconds a connection that is not yet a client or an observer may "
+                             "stay silent or in the middle of a line (default 30)")
     parser.add_argument("--max-observers", type=int, default=DEFAULT_MAX_OBSERVERS,
                         help="WATCH connections at once; more are refused (default 64)")
     parser.add_argument("--log-bytes", type=int,
@@ -97,9 +127,11 @@ def parse_options(argv: list[str]) -> argparse.Namespace:
                         help="events.jsonl rotates to events.jsonl.1 past this many bytes "
                              "(default: $SHMLAB_MANAGER_LOG_BYTES or 4 MiB)")
     args = parser.parse_args(argv)
-    if not args.grace >= 0 or not args.max_clients >= 1:  # `not >=` also rejects NaN
+    if not args.grace >= 0 or not (args.max_clients is None or args.max_clients >= 1):
         raise ValueError("--grace (or SHMLAB_MANAGER_GRACE) must be a number of seconds >= 0 "
-                         "and --max-clients >= 1")
+                         "and --max-clients >= 1")  # `not >=` also rejects NaN
+    if not args.idle_timeout > 0:
+        raise ValueError("--idle-timeout must be a number of seconds > 0")
     if args.max_observers < 0 or args.log_bytes < 4096:
         raise ValueError("--max-observers must be >= 0 and --log-bytes (or "
                          "SHMLAB_MANAGER_LOG_BYTES) >= 4096")

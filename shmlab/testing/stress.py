@@ -23,6 +23,14 @@ allocating, sending and checking data (``shmlab.testing.fault_trial``). The repo
 per fault kind: live segments unlinked, leaked files, manager crashes (exit status not 0, or
 an exception in its "exiting" event), stuck trials, bad data; any of them makes the exit
 status 1. The seed is printed first (on stderr): the same seed replays the same faults.
+
+With ``--clients N[,N...]`` it runs the clients scenario instead (``shmlab.testing.clients``):
+for each N, one manager and N concurrent member processes, each registering a real file,
+then a third saying BYE, a third exiting, a third SIGKILLed; shmlab's manager and torch's
+torch_shm_manager side by side, interleaved, ``--rounds`` times each. The table gives served,
+refused, reclaimed, leaked and crashed (over all rounds), and medians of the time every child
+took to get its answer and of the time from the last exit to the last file unlinked. The exit
+status is 1 if shmlab's manager refused, leaked or crashed in any round.
 """
 
 from __future__ import annotations
@@ -41,6 +49,7 @@ import time
 import psutil
 
 from ..introspect import SHM_DIR
+from . import clients
 from .family import FAMILY, RECLAIM_LIMIT_S, Family, child_managers, wait_reclaimed
 from .fault_trial import FAULT_KINDS, failures, run_fault_trial, summarize_faults
 
@@ -265,6 +274,11 @@ def main(argv: list[str] | None = None) -> int:
                         metavar="KIND[,KIND...]|all",
                         help="inject one fault per trial into a live shmlab family, one of: "
                              + ", ".join(FAULT_KINDS))
+    parser.add_argument("--clients", type=_counts, default=(), metavar="N[,N...]",
+                        help="the clients scenario: N concurrent member processes on one "
+                             "manager, shmlab's and torch's side by side")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="rounds of each N and manager in the clients scenario")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
     parser.add_argument("--records", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -272,6 +286,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--faults attacks shmlab's manager: use --lib shmlab --strategy file_system")
     if not args.records:
         print(f"seed {args.seed}", file=sys.stderr, flush=True)
+    if args.clients:
+        return run_clients(args)
     start = time.monotonic()
     records = _parts(args)
     if args.records:  # a part of a --parallel run: hand the raw records to the parent
@@ -288,6 +304,74 @@ def main(argv: list[str] | None = None) -> int:
     ok = summary["leaked_files"] == summary["managers_stuck"] == summary["stuck"] == 0
     ok = ok and not any(failures(row) for row in summary.get("faults", {}).values())
     return 0 if ok and summary["bad_data"] == 0 else 1
+
+
+# -- the clients scenario -----------------------------------------------------------------------
+CLIENT_LIBS = ("shmlab", "torch")
+
+
+def run_clients(args: argparse.Namespace) -> int:
+    """--clients: every N, every round, shmlab then torch; one row per (N, manager)."""
+    records = []
+    for n in args.clients:
+        for r in range(args.rounds):
+            for lib in CLIENT_LIBS:
+                rec = clients.drive(lib, n, seed=args.seed + r, deadline=args.deadline + 60)
+                print(json.dumps(rec), file=sys.stderr, flush=True)
+                records.append(rec)
+    rows = summarize_clients(records)
+    if args.json:
+        print(json.dumps(rows))
+    else:
+        print(clients_table(rows))
+    bad = [row for row in rows if row["lib"] == "shmlab" and (
+        row["refused"] or row["leaked"] or row["crashed"] or row["reclaimed"] < row["served"])]
+    return 1 if bad else 0
+
+
+def summarize_clients(records: list[dict]) -> list[dict]:
+    rows = []
+    for n in dict.fromkeys(r["clients"] for r in records):
+        torch_reclaim = None
+        for lib in CLIENT_LIBS:
+            mine = [r for r in records if r["clients"] == n and r["lib"] == lib]
+            reclaim = [r["last_exit_to_reclaim_s"] for r in mine
+                       if r["last_exit_to_reclaim_s"] is not None]
+            row = {"clients": n, "lib": lib, "rounds": len(mine),
+                   "served": sum(r["served"] for r in mine),
+                   "refused": sum(r["refused"] for r in mine),
+                   "reclaimed": sum(r["reclaimed"] for r in mine),
+                   "leaked": sum(r["leaked"] for r in mine),
+                   "crashed": sum(r["manager_exit"] != 0 for r in mine),
+                   "register_s": _r(statistics.median(r["register_s"] for r in mine)),
+                   "reclaim_s": _r(statistics.median(reclaim)) if reclaim else None}
+            if lib == "torch":
+                torch_reclaim = row["reclaim_s"]
+            rows.append(row)
+        for row in rows[-len(CLIENT_LIBS):]:
+            row["reclaim_vs_torch"] = (_r(row["reclaim_s"] / torch_reclaim)
+                                       if row["reclaim_s"] and torch_reclaim else None)
+    return rows
+
+
+def clients_table(rows: list[dict]) -> str:
+    cols = ["clients", "lib", "rounds", "served", "refused", "reclaimed", "leaked", "crashed",
+            "register_s", "reclaim_s", "reclaim_vs_torch"]
+    lines = ["| " + " | ".join(cols) + " |", "|---" * len(cols) + "|"]
+    for row in rows:
+        lines.append("| " + " | ".join(str(row[c]) for c in cols) + " |")
+    return "\n".join(lines)
+
+
+def _counts(text: str) -> tuple[int, ...]:
+    try:
+        counts = tuple(int(x) for x in text.split(",") if x)
+    except ValueError:
+        counts = ()
+    if not counts or min(counts) < 1:
+        raise argparse.ArgumentTypeError(f"--clients wants numbers >= 1, comma-separated, "
+                                         f"e.g. 1100,2000 (got {text!r})")
+    return counts
 
 
 def _fault_kinds(text: str) -> tuple[str, ...]:

@@ -349,26 +349,38 @@ def test_hostile_input_is_refused_and_foreign_files_are_never_unlinked(daemon, s
 
 
 @pytest.mark.timeout(30)
-def test_connection_flood_is_bounded_and_the_manager_keeps_serving(daemon):
+def test_connection_flood_is_bounded_and_idle_strangers_make_room(daemon, segment):
+    """A full table of connections that never became clients does not keep a newcomer out:
+    the longest-idle one is evicted for it (torch has no cap at all). A table full of clients
+    refuses the newcomer instead: a client is never evicted (Note [Who may be evicted])."""
     d = daemon("--max-clients", "8")
     idle = [d.holder] + [Line(d.path) for _ in range(7)]
-    assert status_through(idle[0])["clients"] == 0  # connected but never registered
-    for _ in range(5):
+    assert status_through(idle[-1])["clients"] == 0  # connected but never registered
+    for _ in range(5):  # each newcomer is served; the oldest silent stranger goes
         extra = Line(d.path)
-        assert extra.readline().startswith("ERR too many connections")
-        assert extra.readline() == ""
-        extra.close()
-    idle.pop().close()
-    assert status_once_served(d.path)["pid"] == d.proc.pid  # a slot freed: served again
-    for conn in idle:
+        assert json.loads(extra.ask("STATUS"))["pid"] == d.proc.pid
+        idle.append(extra)
+    assert [conn.readline() for conn in idle[:5]] == [""] * 5  # evicted, oldest first
+    assert idle[0] is d.holder
+    for conn in idle[5:]:  # now the table fills with clients, which nobody may evict
+        assert conn.ask(f"REGISTER {os.getpid()} {segment()}") == "OK"
+    refused = Line(d.path)
+    assert refused.readline().startswith("ERR too many connections")
+    refused.close()
+    for conn in idle[5:]:
         conn.close()
-    assert d.wait() == 0
+    for conn in idle[:5]:
+        conn.sock.close()
+    assert d.proc.wait(10) == 0
 
 
 @pytest.mark.timeout(30)
 def test_a_full_fd_table_refuses_callers_instead_of_spinning_or_dying(daemon):
-    # The manager cannot raise a hard limit of 64: its own fds plus ~55 callers fill it.
-    d = daemon(preexec=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64)))
+    # The manager cannot raise a hard limit of 64: its own fds plus ~55 callers fill it. By
+    # default it would size its table to fit (default_max_clients); told a larger one, the
+    # fd table fills first.
+    d = daemon("--max-clients", "1000",
+               preexec=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64)))
     conns = [d.holder] + [Line(d.path, timeout=10) for _ in range(79)]
     # Callers are accepted in the order they connected, so once the last one has its answer,
     # every earlier one has been dealt with: the refused have a line waiting, the rest none.
