@@ -4,6 +4,7 @@ Mirrors: nothing in torch; it checks that a KeyboardInterrupt cannot split a req
 shm manager (client.py, Note [A request Ctrl-C cannot split]), torch side by side.
 
     run_interrupt_trials(lib, trials, seed) -> {"trials", "out_of_step", "lost", "leaked", ...}
+    python -m shmlab stress interrupt --trials 500 [--lib shmlab|torch|both] [--seed 0]
 
 One *worker* process (spawned) shares, attaches and puts file_system tensors in a loop, as
 fast as it can; every share of a fresh tensor is a REGISTER exchange with the manager, every
@@ -18,12 +19,14 @@ Then it tells the driver, which waits a random delay and interrupts it again: on
 serves every trial. At the end the worker lets go of everything; files of its own still in
 /dev/shm then are `stray` (a count the interrupt left behind: the manager reclaims them when
 the family exits), and files still there after the family and its manager are gone are
-`leaked`.
+`leaked`. `swallowed` counts interrupts raised inside a finalizer (a storage collected in the
+loop): Python prints those as "Exception ignored" and goes on, so that Ctrl-C did nothing.
 """
 
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import gc
 import glob
 import os
@@ -88,6 +91,7 @@ class _Armed:
 
 
 def _worker(lib: str, q, ctl, seed: int) -> None:
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # a stuck worker shows where
     mp, make, storage_cls = _lib(lib)
     armed = _Armed()
     mp.set_sharing_strategy("file_system")
@@ -156,7 +160,7 @@ def run_interrupt_trials(lib: str, trials: int, seed: int = 0, max_delay_s: floa
     receiver = ctx.Process(target=_receiver, args=(lib, q, out_child), daemon=True)
     rng = random.Random(seed)
     rec = {"lib": lib, "trials": 0, "out_of_step": 0, "lost": 0, "bad_data": 0, "stray": None,
-           "leaked": None, "stuck": 0, "errors": [], "where": {}}
+           "leaked": None, "stuck": 0, "swallowed": 0, "errors": [], "where": {}}
     receiver.start()
     worker.start()
     start = time.monotonic()
@@ -171,6 +175,7 @@ def run_interrupt_trials(lib: str, trials: int, seed: int = 0, max_delay_s: floa
             res = _recv(ctl, 30)
             rec["trials"] += 1
             rec["where"][res["where"]] = rec["where"].get(res["where"], 0) + 1
+            rec["swallowed"] += res["where"].endswith("(swallowed)")
             if not res["in_step"]:
                 rec["out_of_step"] += 1
                 if len(rec["errors"]) < 5:
@@ -190,6 +195,9 @@ def run_interrupt_trials(lib: str, trials: int, seed: int = 0, max_delay_s: floa
     except (TimeoutError, EOFError, OSError) as exc:
         rec["stuck"] += 1
         rec["errors"].append(f"driver: {type(exc).__name__}: {exc}")
+        if worker.is_alive():
+            os.kill(worker.pid, signal.SIGUSR1)  # its stacks, on its stderr
+            time.sleep(0.5)
     finally:
         for proc in (worker, receiver):
             proc.join(10)
