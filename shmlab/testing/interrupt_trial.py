@@ -60,16 +60,14 @@ def _value(t) -> float:
 def _receiver(lib: str, q, out) -> None:
     mp, _, _ = _lib(lib)
     mp.set_sharing_strategy("file_system")
-    got, bad = [], 0
     while True:
         item = q.get()
         if item is None:
             break
         ident, t = item
-        got.append(ident)
-        bad += _value(t) != ident
+        out.send((ident, _value(t) == ident))  # as it arrives: the driver waits for it
         del t, item
-    out.send({"got": got, "bad": bad})
+    out.send("done")
 
 
 class _Armed:
@@ -143,14 +141,31 @@ def _worker(lib: str, q, ctl, seed: int) -> None:
     q.close()
     q.join_thread()
     ctl.send("done")
-    ctl.recv()  # the receiver has released everything too: count what is left
+    ctl.recv()  # the receiver has let go of everything too: count what is left
     gc.collect()
     ctl.send(len(glob.glob(f"{SHM_DIR}{lib}_{os.getpid()}_*")))
 
 
 def run_interrupt_trials(lib: str, trials: int, seed: int = 0, max_delay_s: float = 0.01,
                          deadline_s: float = 8.0) -> dict:
-    """`trials` interrupts of one worker; returns the counts (see the module docstring)."""
+    """`trials` interrupts; returns the counts (see the module docstring).
+
+    A worker that stops answering (stuck: its main thread or its feeder thread hangs) is
+    counted, killed and replaced by a fresh one, which goes on with the trials left."""
+    rec = {"lib": lib, "trials": 0, "out_of_step": 0, "lost": 0, "bad_data": 0, "stray": 0,
+           "leaked": 0, "stuck": 0, "swallowed": 0, "workers": 0, "errors": [], "where": {}}
+    start = time.monotonic()
+    while rec["trials"] < trials and rec["workers"] < 1 + trials // 50:
+        rec["workers"] += 1
+        _session(lib, trials - rec["trials"], seed + rec["workers"], max_delay_s, deadline_s,
+                 rec)
+    rec["wall_s"] = round(time.monotonic() - start, 2)
+    return rec
+
+
+def _session(lib: str, trials: int, seed: int, max_delay_s: float, deadline_s: float,
+             rec: dict) -> None:
+    """One worker and one receiver, interrupted up to `trials` times; adds to `rec`."""
     mp, _, _ = _lib(lib)
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
@@ -159,14 +174,10 @@ def run_interrupt_trials(lib: str, trials: int, seed: int = 0, max_delay_s: floa
     worker = ctx.Process(target=_worker, args=(lib, q, ctl_child, seed), daemon=True)
     receiver = ctx.Process(target=_receiver, args=(lib, q, out_child), daemon=True)
     rng = random.Random(seed)
-    rec = {"lib": lib, "trials": 0, "out_of_step": 0, "lost": 0, "bad_data": 0, "stray": None,
-           "leaked": None, "stuck": 0, "swallowed": 0, "errors": [], "where": {}}
     receiver.start()
     worker.start()
-    start = time.monotonic()
     try:
         _expect(ctl, "ready", 120)  # a cold start of torch on a busy machine
-        put = []
         for _ in range(trials):
             _expect(ctl, "go", 30)
             time.sleep(rng.uniform(0.0005, max_delay_s))
@@ -178,23 +189,22 @@ def run_interrupt_trials(lib: str, trials: int, seed: int = 0, max_delay_s: floa
             rec["swallowed"] += res["where"].endswith("(swallowed)")
             if not res["in_step"]:
                 rec["out_of_step"] += 1
-                if len(rec["errors"]) < 5:
-                    rec["errors"].append(res["error"])
-            if "put" in res:
-                put.append(res["put"])
+                _note(rec, res["error"])
+            if "put" in res and not _arrives(out, res["put"], REPLY_TIMEOUT_S * 10, rec):
+                rec["lost"] += 1
+                _note(rec, f"message {res['put']} (put after a {res['where']} interrupt) "
+                      "never arrived")
         _expect(ctl, "go", 30)
         os.kill(worker.pid, signal.SIGINT)
         ctl.send("stop")
         _expect(ctl, "done", 60)
-        got = _recv(out, 60)
+        while _recv(out, 60) != "done":
+            pass  # the receiver took the last message and let go of everything
         ctl.send("counted")
-        rec["stray"] = _recv(ctl, 30)
-        received = set(got["got"])
-        rec["lost"] = sum(1 for ident in put if ident not in received)
-        rec["bad_data"] = got["bad"]
+        rec["stray"] += _recv(ctl, 30)
     except (TimeoutError, EOFError, OSError) as exc:
         rec["stuck"] += 1
-        rec["errors"].append(f"driver: {type(exc).__name__}: {exc}")
+        _note(rec, f"driver: {type(exc).__name__}: {exc}")
         if worker.is_alive():
             os.kill(worker.pid, signal.SIGUSR1)  # its stacks, on its stderr
             time.sleep(0.5)
@@ -206,9 +216,23 @@ def run_interrupt_trials(lib: str, trials: int, seed: int = 0, max_delay_s: floa
                 proc.join(5)
         q.close()
         q.cancel_join_thread()
-    rec["leaked"] = _left_after(f"{SHM_DIR}{lib}_{worker.pid}_*", deadline_s)
-    rec["wall_s"] = round(time.monotonic() - start, 2)
-    return rec
+    rec["leaked"] += _left_after(f"{SHM_DIR}{lib}_{worker.pid}_*", deadline_s)
+
+
+def _arrives(out, ident: int, timeout: float, rec: dict) -> bool:
+    """Wait for the receiver to report message `ident` (earlier ones pass by)."""
+    end = time.monotonic() + timeout
+    while wait([out], max(0.0, end - time.monotonic())):
+        got, good = out.recv()
+        rec["bad_data"] += not good
+        if got == ident:
+            return True
+    return False
+
+
+def _note(rec: dict, error: str) -> None:
+    if len(rec["errors"]) < 5:
+        rec["errors"].append(error)
 
 
 def _left_after(pattern: str, deadline_s: float) -> int:
