@@ -32,6 +32,7 @@ import glob
 import os
 import random
 import signal
+import tempfile
 import time
 from multiprocessing.connection import wait
 
@@ -88,8 +89,9 @@ class _Armed:
             raise KeyboardInterrupt
 
 
-def _worker(lib: str, q, ctl, seed: int) -> None:
-    faulthandler.register(signal.SIGUSR1, all_threads=True)  # a stuck worker shows where
+def _worker(lib: str, q, ctl, seed: int, ops: tuple[str, ...], stacks: str) -> None:
+    # A stuck worker shows where: its threads' stacks, into a file the driver reads.
+    faulthandler.register(signal.SIGUSR1, file=open(stacks, "w"), all_threads=True)  # noqa: SIM115
     mp, make, storage_cls = _lib(lib)
     armed = _Armed()
     mp.set_sharing_strategy("file_system")
@@ -104,7 +106,7 @@ def _worker(lib: str, q, ctl, seed: int) -> None:
             armed.on = True
             ctl.send("go")  # the driver interrupts us from now on
             while armed.on:
-                where = rng.choice(OPS)
+                where = rng.choice(ops)
                 if where == "share":
                     t = make(1).share_memory_()
                     held.append(t)
@@ -147,31 +149,35 @@ def _worker(lib: str, q, ctl, seed: int) -> None:
 
 
 def run_interrupt_trials(lib: str, trials: int, seed: int = 0, max_delay_s: float = 0.01,
-                         deadline_s: float = 8.0) -> dict:
+                         deadline_s: float = 8.0, ops: tuple[str, ...] = OPS) -> dict:
     """`trials` interrupts; returns the counts (see the module docstring).
 
     A worker that stops answering (stuck: its main thread or its feeder thread hangs) is
-    counted, killed and replaced by a fresh one, which goes on with the trials left."""
+    counted, killed and replaced by a fresh one, which goes on with the trials left;
+    `stuck_in` says where its stacks were (see STUCK_IN). `ops`: what the loop does."""
     rec = {"lib": lib, "trials": 0, "out_of_step": 0, "lost": 0, "bad_data": 0, "stray": 0,
-           "leaked": 0, "stuck": 0, "swallowed": 0, "workers": 0, "errors": [], "where": {}}
+           "leaked": 0, "stuck": 0, "swallowed": 0, "workers": 0, "errors": [], "where": {},
+           "stuck_in": {}}
     start = time.monotonic()
     while rec["trials"] < trials and rec["workers"] < 1 + trials // 50:
         rec["workers"] += 1
         _session(lib, trials - rec["trials"], seed + rec["workers"], max_delay_s, deadline_s,
-                 rec)
+                 ops, rec)
     rec["wall_s"] = round(time.monotonic() - start, 2)
     return rec
 
 
 def _session(lib: str, trials: int, seed: int, max_delay_s: float, deadline_s: float,
-             rec: dict) -> None:
+             ops: tuple[str, ...], rec: dict) -> None:
     """One worker and one receiver, interrupted up to `trials` times; adds to `rec`."""
     mp, _, _ = _lib(lib)
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     ctl, ctl_child = ctx.Pipe()
     out, out_child = ctx.Pipe()
-    worker = ctx.Process(target=_worker, args=(lib, q, ctl_child, seed), daemon=True)
+    stacks = tempfile.NamedTemporaryFile(prefix="shmlab-interrupt-", suffix=".txt")  # noqa: SIM115
+    worker = ctx.Process(target=_worker, args=(lib, q, ctl_child, seed, ops, stacks.name),
+                         daemon=True)
     receiver = ctx.Process(target=_receiver, args=(lib, q, out_child), daemon=True)
     rng = random.Random(seed)
     receiver.start()
@@ -179,11 +185,11 @@ def _session(lib: str, trials: int, seed: int, max_delay_s: float, deadline_s: f
     try:
         _expect(ctl, "ready", 120)  # a cold start of torch on a busy machine
         for _ in range(trials):
-            _expect(ctl, "go", 30)
+            _expect(ctl, "go", 10)
             time.sleep(rng.uniform(0.0005, max_delay_s))
             os.kill(worker.pid, signal.SIGINT)
             ctl.send("check")
-            res = _recv(ctl, 30)
+            res = _recv(ctl, 10)  # two shares and a put: ~1 ms, ~2 s if out of step
             rec["trials"] += 1
             rec["where"][res["where"]] = rec["where"].get(res["where"], 0) + 1
             rec["swallowed"] += res["where"].endswith("(swallowed)")
@@ -205,9 +211,12 @@ def _session(lib: str, trials: int, seed: int, max_delay_s: float, deadline_s: f
     except (TimeoutError, EOFError, OSError) as exc:
         rec["stuck"] += 1
         _note(rec, f"driver: {type(exc).__name__}: {exc}")
+        where = "dead"
         if worker.is_alive():
-            os.kill(worker.pid, signal.SIGUSR1)  # its stacks, on its stderr
+            os.kill(worker.pid, signal.SIGUSR1)
             time.sleep(0.5)
+            where = _stuck_in(open(stacks.name).read())  # noqa: SIM115
+        rec["stuck_in"][where] = rec["stuck_in"].get(where, 0) + 1
     finally:
         for proc in (worker, receiver):
             proc.join(10)
@@ -216,7 +225,24 @@ def _session(lib: str, trials: int, seed: int, max_delay_s: float, deadline_s: f
                 proc.join(5)
         q.close()
         q.cancel_join_thread()
+        stacks.close()
     rec["leaked"] += _left_after(f"{SHM_DIR}{lib}_{worker.pid}_*", deadline_s)
+
+
+# Where stuck workers were found, by a line of their stacks (faulthandler's format).
+STUCK_IN = {
+    # CPython: a KeyboardInterrupt just after Condition.__enter__ took its lock and before
+    # the `with` block began leaves the lock held; the Queue's next put waits for ever.
+    "Queue.put: its lock left held (CPython's with-statement gap)": "queues.py\", line 92 in put",
+    # torch/storage.py, _share_memory_lock_protected: an interrupt between taking a
+    # storage's RLock and the try/finally that releases it; the next share of a storage at
+    # that address (the feeder thread's) waits for ever.
+    "torch's share lock left held (torch/storage.py)": "torch/storage.py",
+}
+
+
+def _stuck_in(stacks: str) -> str:
+    return next((what for what, line in STUCK_IN.items() if line in stacks), "other")
 
 
 def _arrives(out, ident: int, timeout: float, rec: dict) -> bool:

@@ -55,7 +55,10 @@ def test_a_request_cut_by_ctrl_c_reconnects_and_loses_nothing(fresh_client, segm
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("lib", ["shmlab", "torch"])
 def test_500_interrupts_leave_no_client_out_of_step_and_lose_no_message(lib):
-    rec = run_interrupt_trials(lib, 500, seed=26)
+    # Shares and attaches in the loop, puts after each interrupt: an interrupt inside
+    # Queue.put itself can leave the Queue's own lock held (CPython; `stress interrupt`
+    # counts those), which is not the client's doing.
+    rec = run_interrupt_trials(lib, 500, seed=26, ops=("share", "attach"))
     assert rec["trials"] == 500 and rec["out_of_step"] == 0, rec  # each next share answered
     if lib == "torch":
         # torch's manager request cannot be cut (C++), but its Python wrapper around a share
