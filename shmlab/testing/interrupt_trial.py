@@ -197,9 +197,9 @@ def _session(lib: str, trials: int, seed: int, max_delay_s: float, deadline_s: f
                 rec["out_of_step"] += 1
                 _note(rec, res["error"])
             if "put" in res and not _arrives(out, res["put"], REPLY_TIMEOUT_S * 10, rec):
-                rec["lost"] += 1
-                _note(rec, f"message {res['put']} (put after a {res['where']} interrupt) "
-                      "never arrived")
+                rec["lost"] += 1  # dropped, or its feeder thread hangs: replace the worker
+                raise TimeoutError(f"message {res['put']} (put after a {res['where']} "
+                                   "interrupt) never arrived")
         _expect(ctl, "go", 30)
         os.kill(worker.pid, signal.SIGINT)
         ctl.send("stop")
