@@ -14,9 +14,11 @@ the main thread is; the worker catches it, then checks itself:
   * in step: two shares of fresh tensors, each within the manager's reply timeout
     (a client out of step times out, or raises);
   * nothing lost: it puts a tensor filled with a new id; a *receiver* process takes every
-    message and hands back the ids it got. Every put that returned must arrive.
+    message and reports each id as it arrives; the driver waits for that one (10 s).
 Then it tells the driver, which waits a random delay and interrupts it again: one worker
-serves every trial. At the end the worker lets go of everything; files of its own still in
+serves every trial, unless it is stuck (no answer, or a message that never comes): then it
+is counted, its threads' stacks say where it hung (`stuck_in`), and a fresh worker goes on
+with the trials left. At the end the worker lets go of everything; files of its own still in
 /dev/shm then are `stray` (a count the interrupt left behind: the manager reclaims them when
 the family exits), and files still there after the family and its manager are gone are
 `leaked`. `swallowed` counts interrupts raised inside a finalizer (a storage collected in the
