@@ -30,12 +30,13 @@ import errno
 import os
 import threading
 import time
+import warnings
 
 from .mapping import _libc
 
 MAGIC = b"SHML"  # at [4:8): "this header holds a lock that create_refcounted set up"
 MAGIC_OFFSET, LOCK_OFFSET, LOCK_SPACE = 4, 8, 56
-LOCK_TIMEOUT_S = 10.0  # a holder keeps it for microseconds; 10 s means a stopped or stuck one
+LOCK_WARN_S = 10.0  # a holder keeps it for microseconds; 10 s means a stopped or stuck one
 WAIT_SLICE_S = 0.1  # how long one wait lasts before signals (Ctrl-C) get their turn
 _FUTEX_TID_MASK = 0x3FFFFFFF  # linux/futex.h: the owner's thread id in a robust futex word
 
@@ -101,7 +102,16 @@ class HeaderLock:
     ``acquire`` asks the lock itself on the way out of an exception: a robust mutex's first
     int holds its owner's thread id (the kernel's robust-futex ABI), and if that is us, it
     unlocks before the exception goes on. The wait is in slices of WAIT_SLICE_S, so a
-    Ctrl-C during it is raised within one slice, not after LOCK_TIMEOUT_S.
+    Ctrl-C during it is raised within one slice.
+
+    Note [Waiting for a stopped holder]
+    A holder that dies is no reason to wait: the kernel hands its lock over (EOWNERDEAD). A
+    holder that lives, stopped (SIGSTOP, a debugger) or slow, will release the lock once it
+    runs again, so the wait never gives up: giving up would fail a share in a Queue's feeder
+    thread, which prints the error and drops the message, and a delay is better than a lost
+    tensor. After LOCK_WARN_S a RuntimeWarning says once who holds the lock, so a wait that
+    looks like a hang explains itself. (torch has no lock to wait for: its count is an
+    std::atomic<int> in the header, updated with one atomic instruction.)
     """
 
     __slots__ = ("name", "mutex")
@@ -131,20 +141,26 @@ class HeaderLock:
         return word & _FUTEX_TID_MASK == threading.get_native_id()
 
     def _wait(self) -> int:
-        deadline = time.monotonic() + LOCK_TIMEOUT_S
+        """Wait for the lock as long as its holder lives (Note [Waiting for a stopped holder])."""
+        warn_at = time.monotonic() + LOCK_WARN_S
         while True:
             # timedlock takes a CLOCK_REALTIME instant; short slices keep a clock step harmless
-            until = time.time() + min(WAIT_SLICE_S, max(0.0, deadline - time.monotonic()))
+            until = time.time() + WAIT_SLICE_S
             when = _Timespec(int(until), min(int(until % 1 * 1e9), 999_999_999))
             err = _libc.pthread_mutex_timedlock(self.mutex, ctypes.byref(when))
-            if err != errno.ETIMEDOUT or time.monotonic() >= deadline:
+            if err != errno.ETIMEDOUT:
                 return err
+            if warn_at is not None and time.monotonic() >= warn_at:
+                warn_at = None
+                warnings.warn(self._still_waiting(), RuntimeWarning, stacklevel=4)
+
+    def _still_waiting(self) -> str:
+        owner = ctypes.c_uint32.from_address(self.mutex.value).value & _FUTEX_TID_MASK
+        return (f"the lock in the header of /dev/shm{self.name} has been held for "
+                f"{LOCK_WARN_S:g} s by thread {owner}: that process is stopped (SIGSTOP, a "
+                "debugger) or stuck. Still waiting (a dead holder would have handed it "
+                "over): resume or end that process")
 
     def _error(self, err: int) -> OSError:
-        if err == errno.ETIMEDOUT:
-            return TimeoutError(
-                errno.ETIMEDOUT, f"the lock in the header of /dev/shm{self.name} has been held "
-                f"for {LOCK_TIMEOUT_S:g} s: the process holding it is stopped (SIGSTOP, a "
-                "debugger) or stuck. Nothing was changed; resume or end that process")
         return OSError(err, f"cannot take the lock in the header of /dev/shm{self.name}: "
                        f"{os.strerror(err)}. Nothing was changed")

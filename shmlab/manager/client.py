@@ -61,6 +61,22 @@ CONNECT_TIMEOUT_S = 5.0  # how long a full listen queue may keep us waiting
 # it). Only end of file or a reset closes the connection here; close() says BYE first, so
 # the manager knows the difference between "left" and "dropped" (see liveness.py).
 
+# Note [A request Ctrl-C cannot split]
+# A KeyboardInterrupt is raised in the main thread between any two bytecodes, so it can cut a
+# request anywhere: half a line sent, a reply read but not counted, `_owed` one off. From
+# then on every answer would be taken for the wrong request. torch cannot be cut (its request
+# runs in C++, which holds off Python's signal handler until it returns). We cannot hold off
+# signals from every thread (signal.signal works only in the main thread, and deferring needs
+# two system calls per request on the hot path), so we do the other thing: `_torn` is set
+# before an exchange touches the stream and cleared once the stream is in step again, and a
+# request that finds it set drops the connection and opens a fresh one first. Whatever the
+# interrupt cut (a half line, an unread or uncounted reply) goes with the old connection.
+# Dropping is safe for data: the manager serves every complete line of a closed connection,
+# ignores a half one, and keeps a member that closed without BYE for as long as its process
+# lives (liveness.py, Note [A dropped connection is not a dead process]), so nothing we
+# registered can be reclaimed meanwhile. The cost on the hot path is two attribute stores;
+# an interrupted client pays one reconnect, on its next request.
+
 # Note [What a receiver tells the manager]
 # torch's client sends a line for every attach and every close, and its C++ manager spends
 # microseconds on each. Ours is Python: every line wakes it for a parse, an event and a log
@@ -142,6 +158,7 @@ class ManagerClient:
         self._buf = b""
         self._owed = 0  # replies to requests that timed out, still to come: skip them
         self._member = False  # this connection has sent REGISTER or FREE: the manager keeps us
+        self._torn = False  # an exchange was cut (Ctrl-C): reconnect first (Note [A request ...])
         self._sock: socket.socket | None = _connect(handle)
 
     @property
@@ -166,13 +183,19 @@ class ManagerClient:
         """Tell the manager we let go of `name` (no reply; silent if the manager is gone)."""
         line = f"FREE {os.getpid()} {_bare(name)}\n".encode()
         with self._lock:
-            if self._sock is not None:
-                try:
-                    self._send_locked(line)
-                    self._member = True
-                except OSError:  # gone (see Note [When the manager is gone]) or stuck: a
-                    self._close_locked()  # half-sent line cannot be taken back, so close;
-                    # the manager keeps our segments while this process lives (liveness.py)
+            try:
+                self._in_step_locked()
+            except ManagerError:
+                return  # closed, or gone: nothing to tell
+            self._torn = True  # see Note [A request Ctrl-C cannot split]
+            try:
+                self._send_locked(line)
+                self._member = True
+            except OSError:  # gone (see Note [When the manager is gone]) or stuck: a
+                self._close_locked()  # half-sent line cannot be taken back, so close;
+                # the manager keeps our segments while this process lives (liveness.py)
+                return
+            self._torn = False
 
     def status(self, max_names: int | None = None) -> dict:
         """The manager's STATUS: pid, clients, members, observers, grace_s, count and
@@ -198,7 +221,9 @@ class ManagerClient:
     def close(self) -> None:
         """Say BYE and close the connection (safe twice): this process has left."""
         with self._lock:
-            if self._sock is not None:
+            # After a cut exchange a BYE could end up glued to half a line: close without it,
+            # and the manager keeps this process's segments until it exits (liveness.py).
+            if self._sock is not None and not self._torn:
                 with contextlib.suppress(OSError):  # best effort: never block, never raise
                     self._sock.setblocking(False)
                     self._sock.send(b"BYE\n")
@@ -208,14 +233,26 @@ class ManagerClient:
         if self._sock is not None:
             self._sock.close()
             self._sock, self._buf, self._owed, self._member = None, b"", 0, False
+        self._torn = False
+
+    def _in_step_locked(self) -> None:
+        """Raise if closed; reconnect first if an exchange was cut (Note [A request ...])."""
+        if self._torn:
+            if self._sock is not None:
+                self._sock.close()  # no BYE: we have not left, so the manager keeps us
+            self._sock, self._buf, self._owed, self._member = None, b"", 0, False
+            self._sock = _connect(self.handle)  # _gone if it is gone: stays torn, closed
+            self._torn = False
+        if self._sock is None:
+            raise ManagerError("this ManagerClient is closed (by close(), or after its "
+                               "manager stopped answering): get_client(handle) reconnects; "
+                               "if that manager is gone, reset() starts a fresh one")
 
     def _request(self, line: str) -> str:
         with self._lock:
-            if self._sock is None:
-                raise ManagerError("this ManagerClient is closed (by close(), or after its "
-                                   "manager stopped answering): get_client(handle) reconnects; "
-                                   "if that manager is gone, reset() starts a fresh one")
+            self._in_step_locked()
             deadline = time.monotonic() + REPLY_TIMEOUT_S
+            self._torn = True  # until the stream is in step again (Note [A request ...])
             try:
                 self._send_locked(line.encode() + b"\n")
             except OSError as exc:  # TimeoutError too: part of the line may be out, so the
@@ -227,8 +264,10 @@ class ManagerClient:
                     reply = self._readline(deadline)
                     self._owed -= 1
                     if self._owed == 0:
+                        self._torn = False
                         return reply
             except TimeoutError as exc:  # stalled or busy, not gone: stay connected
+                self._torn = False  # `_owed` counts what is still to come: in step
                 raise _slow(self.handle, line, exc) from exc
             except OSError as exc:  # end of file or reset: the manager is gone
                 self._close_locked()
@@ -237,14 +276,15 @@ class ManagerClient:
     def _post(self, line: str) -> None:
         """Send a request whose answer we do not wait for: skipped like a late one (`_owed`)."""
         with self._lock:
-            if self._sock is None:
-                raise ManagerError("this ManagerClient is closed: get_client(handle) reconnects")
+            self._in_step_locked()
+            self._torn = True
             try:
                 self._send_locked(line.encode() + b"\n")
             except OSError as exc:  # as in _request: a half-sent line ends this connection
                 self._close_locked()
                 raise _gone(self.handle, exc) from exc
             self._owed += 1
+            self._torn = False
 
     def _send_locked(self, data: bytes) -> None:
         self._sock.sendall(data)  # under the socket's REPLY_TIMEOUT_S: a full buffer can't hang us

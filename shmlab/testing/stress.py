@@ -4,6 +4,7 @@ Mirrors: nothing in torch; it checks what torch_shm_manager promises (and shmlab
 
     python -m shmlab stress --trials 1000 [--seed 0] [--strategy file_system] [--lib shmlab]
                             [--parallel 4] [--json] [--faults KIND[,KIND...]|all]
+    python -m shmlab stress interrupt [--trials 500] [--lib shmlab|torch|both]
 
 Each trial starts a *family* (``shmlab.testing.family``): a producer and a consumer, both
 holder children obeying this driver through ``Actor``, with a Queue between them for the
@@ -14,6 +15,10 @@ within the grace period (2 s) plus scheduling slack. A file still there after `-
 seconds is a leak; a manager still there then counts in `managers_left`, and in
 `managers_stuck` if it is still there 10 s later (it is killed then). The exit status is 0
 only with no leak, nothing stuck, good data.
+
+``interrupt`` is a scenario of its own (``interrupt_main``, ``shmlab.testing.interrupt_trial``):
+SIGINT at random points of a worker's file_system shares, attaches and puts, shmlab and torch
+side by side: clients left out of step, messages lost, segments leaked.
 
 With ``--faults`` each trial instead injects one fault, picked at random from those named
 (``all``: every one of ``fault_trial.FAULT_KINDS``: the manager SIGSTOPped 0.5-3 s, 100-400
@@ -259,6 +264,9 @@ def _parts(args: argparse.Namespace) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["interrupt"]:
+        return interrupt_main(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m shmlab stress", description=__doc__.split(
         "\n")[0])
     parser.add_argument("--trials", type=int, default=100)
@@ -394,6 +402,51 @@ def _table(faults: dict[str, dict]) -> str:
     for kind, row in [*faults.items(), ("all", total)]:
         lines.append(f"| {kind} | " + " | ".join(str(row[c]) for c in cols) + " |")
     return "\n".join(lines)
+
+
+# -- the interrupt scenario: SIGINT at random points of share, attach and put --------------------
+INTERRUPT_COLUMNS = ("trials", "out_of_step", "lost", "bad_data", "stray", "leaked", "stuck",
+                     "swallowed", "wall_s")
+
+
+def interrupt_main(argv: list[str]) -> int:
+    """`python -m shmlab stress interrupt`: shmlab and torch side by side (interrupt_trial.py)."""
+    parser = argparse.ArgumentParser(
+        prog="python -m shmlab stress interrupt",
+        description="SIGINT a worker at random points of file_system share/attach/put; count "
+                    "clients out of step, messages lost and segments leaked "
+                    "(shmlab.testing.interrupt_trial)")
+    parser.add_argument("--trials", type=int, default=500, help="interrupts per library")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--lib", choices=["shmlab", "torch", "both"], default="both")
+    parser.add_argument("--max-delay", type=float, default=0.01,
+                        help="seconds; each interrupt comes 0.5 ms to this long after the last")
+    parser.add_argument("--json", action="store_true", help="print the records as JSON")
+    args = parser.parse_args(argv)  # exit status 1: a client out of step, a message lost or
+    # bad, a leak; stuck workers (CPython's and torch's own lock gaps) are reported only
+    if args.trials < 1:
+        parser.error("--trials must be at least 1")
+    from .interrupt_trial import run_interrupt_trials
+
+    print(f"seed {args.seed}", file=sys.stderr, flush=True)
+    libs = ["shmlab", "torch"] if args.lib == "both" else [args.lib]
+    records = [run_interrupt_trials(lib, args.trials, args.seed, args.max_delay) for lib in libs]
+    if args.json:
+        print(json.dumps(records))
+    else:
+        print("| lib | " + " | ".join(INTERRUPT_COLUMNS) + " |")
+        print("|---" * (len(INTERRUPT_COLUMNS) + 1) + "|")
+        for rec in records:
+            print(f"| {rec['lib']} | " + " | ".join(str(rec[c]) for c in INTERRUPT_COLUMNS)
+                  + " |")
+        for rec in records:
+            print(f"{rec['lib']}: where the interrupts landed {rec['where']}")
+            if rec["stuck_in"]:
+                print(f"{rec['lib']}: stuck workers (replaced) {rec['stuck_in']}")
+            for error in rec["errors"]:
+                print(f"{rec['lib']}: {error}")
+    bad = ("out_of_step", "lost", "bad_data", "leaked")
+    return 0 if all(rec[c] == 0 for rec in records for c in bad) else 1
 
 
 if __name__ == "__main__":
