@@ -5,6 +5,7 @@
     python -m shmlab bench handoff [--plot FILE]          the hand-off benchmark against torch
     python -m shmlab stress [--trials N] [--faults]       kill families, check what they leave
     python -m shmlab stress --clients 1100,2000           N clients on one manager, vs torch
+    python -m shmlab stress interrupt [--trials 500]      Ctrl-C at random points, vs torch
     python -m shmlab labs release|grade|hash|...          the labs' instructor commands
     python -m shmlab manager [--grace S]                  run a manager daemon in the foreground
     python -m shmlab facts render|merge|check             the fact base behind docs/CLAIMS.md
