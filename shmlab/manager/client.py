@@ -27,7 +27,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from .errors import ManagerError, NotAManagerError
 from .peer import check_path, check_peer
@@ -148,9 +148,15 @@ class ManagerClient:
     def closed(self) -> bool:
         return self._sock is None
 
-    def register(self, name: str | bytes) -> None:
-        """Tell the manager to reclaim `name` if this process family dies; waits for OK (1 s)."""
-        reply = self._request(f"REGISTER {os.getpid()} {_bare(name)}")
+    def register(self, name: str | bytes,
+                 while_waiting: Callable[[], object] | None = None) -> None:
+        """Tell the manager to reclaim `name` if this process family dies; waits for OK (1 s).
+
+        `while_waiting`, if given, runs once the line is sent and before the reply is read,
+        so its work overlaps the manager's (the creator makes the segment meanwhile: Note
+        [Making the segment while the manager registers it] in storage.py). If it raises,
+        the reply is left owed (skipped by the next request) and its exception goes on."""
+        reply = self._request(f"REGISTER {os.getpid()} {_bare(name)}", while_waiting)
         if reply != "OK":
             raise ManagerError(f"the manager refused to register {name!r}: {reply}")
         self._member = True
@@ -209,20 +215,22 @@ class ManagerClient:
             self._sock.close()
             self._sock, self._buf, self._owed, self._member = None, b"", 0, False
 
-    def _request(self, line: str) -> str:
+    def _request(self, line: str, during: Callable[[], object] | None = None) -> str:
         with self._lock:
             if self._sock is None:
                 raise ManagerError("this ManagerClient is closed (by close(), or after its "
                                    "manager stopped answering): get_client(handle) reconnects; "
                                    "if that manager is gone, reset() starts a fresh one")
-            deadline = time.monotonic() + REPLY_TIMEOUT_S
             try:
                 self._send_locked(line.encode() + b"\n")
             except OSError as exc:  # TimeoutError too: part of the line may be out, so the
                 self._close_locked()  # stream is no longer ours to use (see free())
                 raise _gone(self.handle, exc) from exc
+            self._owed += 1  # ours, until it has come (see Note [A slow reply ...])
+            if during is not None:
+                during()  # (register's while_waiting) not under the OSError handling below
+            deadline = time.monotonic() + REPLY_TIMEOUT_S  # its work is not the manager's delay
             try:
-                self._owed += 1  # ours, until it has come (see Note [A slow reply ...])
                 while True:
                     reply = self._readline(deadline)
                     self._owed -= 1
