@@ -175,8 +175,8 @@ class UntypedStorage:
                 client.register(name.lstrip("/"), lambda: made.append(
                     _shm.create_refcounted(name, self.nbytes(), memoryview(self._data))))
             except BaseException:
-                if made:  # made, but not registered (refused, or no answer): nobody knows it
-                    _shm.shm_unlink(name)
+                if made:  # made, but not registered (refused, or no answer): count 1 -> 0,
+                    _shm.decref(name, made[0])  # which unlinks it (nobody else knows the name)
                 client.free(name.lstrip("/"))  # in case the manager registers it late
                 raise
             mapping = made[0]
