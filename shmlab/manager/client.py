@@ -138,7 +138,11 @@ class ManagerClient:
         if not isinstance(handle, bytes):
             raise TypeError(f"manager handle must be bytes (a socket path), got {handle!r}")
         self.handle = handle
-        self._lock = threading.Lock()
+        # Reentrant: a GC pass inside register's while_waiting (it makes a segment, so it
+        # allocates) can run a storage's finalizer on this very thread, and its free() must
+        # not wait for ourselves. FREE has no reply, so a line sent in the middle of a request
+        # leaves the replies in step.
+        self._lock = threading.RLock()
         self._buf = b""
         self._owed = 0  # replies to requests that timed out, still to come: skip them
         self._member = False  # this connection has sent REGISTER or FREE: the manager keeps us
@@ -229,6 +233,8 @@ class ManagerClient:
             self._owed += 1  # ours, until it has come (see Note [A slow reply ...])
             if during is not None:
                 during()  # (register's while_waiting) not under the OSError handling below
+                if self._sock is None:  # a free() inside it found the manager gone
+                    raise _gone(self.handle, "the connection closed")
             deadline = time.monotonic() + REPLY_TIMEOUT_S  # its work is not the manager's delay
             try:
                 while True:

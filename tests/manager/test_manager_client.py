@@ -204,3 +204,16 @@ def test_a_share_the_stalled_manager_does_not_confirm_leaves_no_file_and_stays_p
         assert t.share_memory_().is_shared()  # the manager answers again: in step
     finally:
         set_sharing_strategy(before)
+
+
+@pytest.mark.timeout(20)
+def test_a_free_from_a_finalizer_while_waiting_does_not_deadlock(fresh_client, segment):
+    # While the creator makes its segment, a GC pass may run another storage's finalizer
+    # on the same thread, and that finalizer says FREE over the same connection.
+    client = mc.get_client()
+    old = segment()
+    client.register(old)
+    os.unlink(f"/dev/shm/{old}")  # its last holder unlinked it: the FREE that follows is real
+    new = segment()
+    client.register(new, while_waiting=lambda: client.free(old))
+    assert client.status()["segments"] == [new]  # the REGISTER's OK, then STATUS: in step
