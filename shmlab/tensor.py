@@ -49,6 +49,9 @@ def _check_dtype(dtype) -> np.dtype:
 
 def _ints(values, what: str) -> tuple[int, ...]:
     """Whole numbers, as torch takes them: anything with __index__ (numpy's too), not bool."""
+    values = tuple(values)
+    if all(type(n) is int for n in values):  # the usual case, and every received tensor's
+        return values
     out = []
     for pos, n in enumerate(values):
         if isinstance(n, bool) or not hasattr(type(n), "__index__"):
@@ -95,7 +98,8 @@ def _check_view(storage, offset, shape, strides, dt: np.dtype):
         raise TypeError(f"a Tensor is a view of a shmlab.UntypedStorage, got "
                         f"{type(storage).__name__}; use shmlab.from_numpy or shmlab.tensor to "
                         "make one from data")
-    if isinstance(offset, bool) or not hasattr(type(offset), "__index__"):
+    if type(offset) is not int and (isinstance(offset, bool)
+                                    or not hasattr(type(offset), "__index__")):
         raise TypeError(f"storage offset must be an int (elements from the start of the "
                         f"storage), got {type(offset).__name__} {offset!r}")
     offset = operator.index(offset)
@@ -107,10 +111,10 @@ def _check_view(storage, offset, shape, strides, dt: np.dtype):
         raise RuntimeError(f"mismatch in length of strides and shape: {len(strides)} strides "
                            f"{list(strides)} for {len(shape)} sizes {list(shape)}; give one "
                            "stride per dimension")
-    if any(n < 0 for n in shape):
+    if shape and min(shape) < 0:
         raise RuntimeError(f"Trying to create tensor with negative dimension: {list(shape)}; "
                            "every dimension must be >= 0")
-    if any(st < 0 for st in strides):
+    if strides and min(strides) < 0:
         raise RuntimeError(f"as_strided: Negative strides are not supported at the moment, got "
                            f"strides: {list(strides)}; shmlab, like torch, walks memory forwards "
                            "only (copy the data reversed instead)")
