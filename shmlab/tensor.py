@@ -219,6 +219,10 @@ class Tensor:
         base = self.numpy()
         if not isinstance(index, tuple):
             index = (index,)
+        if any(isinstance(i, slice) and i.step is not None and i.step <= 0 for i in index):
+            # numpy would make a view with a negative stride, which no tensor may have
+            raise ValueError("step must be greater than zero (as in torch); for the reverse "
+                             "order, copy: shmlab.from_numpy(t.numpy()[::-1].copy())")
         if Ellipsis not in index:
             index = index + (Ellipsis,)  # keeps a full integer index a 0-d view, as torch does
         view = base[index]

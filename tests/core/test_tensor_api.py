@@ -244,3 +244,11 @@ def test_an_empty_view_numpy_cannot_hold_is_refused_where_torch_allows_it():
     assert torch.as_strided(torch.empty(4), (0, 2**62), (1, 1), 0).numel() == 0
     with pytest.raises(RuntimeError, match="overflowed.*more bytes than a process can address"):
         shmlab.Tensor(shmlab.UntypedStorage(16), 0, (0, 2**62), (1, 1), np.float32)
+
+
+def test_a_negative_step_is_refused_like_torch_instead_of_a_negative_stride_view():
+    with pytest.raises(ValueError, match="step must be greater than zero"):
+        torch.tensor([1.0, 2.0, 3.0])[::-1]
+    with pytest.raises(ValueError, match="step must be greater than zero.*copy"):
+        shmlab.tensor([1.0, 2.0, 3.0])[::-1]
+    assert shmlab.tensor([1.0, 2.0, 3.0])[::2].tolist() == [1.0, 3.0]
