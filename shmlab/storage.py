@@ -68,6 +68,18 @@ def _release(kind: str, fd: int, name: str | None, manager: bytes | None, pid: i
             pass  # manager gone: nothing to tell; the segment itself is already released
 
 
+# Note [Making the segment while the manager registers it]
+# torch registers a new name with its manager and waits for "OK" before it creates the file
+# (THManagedMapAllocator). The wait is what matters: the name must be known to the manager
+# before any other process can attach it, so a name is never pickled before its "OK". Where
+# the file is made does not: nobody else knows the name yet, and the REGISTER line, once
+# sent, is served even if we die (Note [What a receiver tells the manager] in client.py). So
+# the creator sends REGISTER, makes the segment while the Python daemon wakes up and
+# answers, and only then waits for "OK": the two costs overlap instead of adding up. If the
+# answer is not "OK" (or does not come), the file is unlinked at once, before the storage
+# adopts it, and the storage stays private, as it did when the REGISTER came first.
+
+
 class UntypedStorage:
     """A flat run of bytes, private or in shared memory (file_descriptor or file_system)."""
 
@@ -158,12 +170,16 @@ class UntypedStorage:
         if self._kind != FILE_SYSTEM:
             client = get_client()  # starts the manager daemon on first use
             name = _shm.new_name()
-            client.register(name.lstrip("/"))  # registered before it exists, as torch does
+            made = []  # see Note [Making the segment while the manager registers it]
             try:
-                mapping = _shm.create_refcounted(name, self.nbytes(), memoryview(self._data))
+                client.register(name.lstrip("/"), lambda: made.append(
+                    _shm.create_refcounted(name, self.nbytes(), memoryview(self._data))))
             except BaseException:
-                client.free(name.lstrip("/"))
+                if made:  # made, but not registered (refused, or no answer): count 1 -> 0,
+                    _shm.decref(name, made[0])  # which unlinks it (nobody else knows the name)
+                client.free(name.lstrip("/"))  # in case the manager registers it late
                 raise
+            mapping = made[0]
             data = np.frombuffer(mapping.buffer(_shm.HEADER_SIZE), np.uint8)
             self._adopt(data, FILE_SYSTEM, name=name, manager=client.handle, held=mapping)
         return self._manager, self._name.encode(), self.nbytes()

@@ -47,6 +47,22 @@ def _check_dtype(dtype) -> np.dtype:
     return dt
 
 
+def _ints(values, what: str) -> tuple[int, ...]:
+    """Whole numbers, as torch takes them: anything with __index__ (numpy's too), not bool."""
+    values = tuple(values)
+    if all(type(n) is int for n in values):  # the usual case, and every received tensor's
+        return values
+    out = []
+    for pos, n in enumerate(values):
+        if isinstance(n, bool) or not hasattr(type(n), "__index__"):
+            raise TypeError(
+                f"{what} must be a tuple of ints, but element {pos} is {type(n).__name__} {n!r}; "
+                "pass whole numbers, e.g. zeros(int(n)) if you meant to round down"
+            )
+        out.append(operator.index(n))
+    return tuple(out)
+
+
 def _check_shape(shape, dt: np.dtype) -> tuple[int, ...]:
     """The dimensions of zeros()/empty() as ints, refused the way torch refuses them.
 
@@ -54,14 +70,7 @@ def _check_shape(shape, dt: np.dtype) -> tuple[int, ...]:
     a negative dimension, and refuses a byte count that overflows. Multiplying in numpy's
     int64 would wrap 2**32 * 2**32 to 0, so the product is taken in Python's unbounded ints.
     """
-    dims = []
-    for pos, n in enumerate(shape):
-        if isinstance(n, bool) or not hasattr(type(n), "__index__"):
-            raise TypeError(
-                f"size must be a tuple of ints, but element {pos} is {type(n).__name__} {n!r}; "
-                "pass whole numbers, e.g. zeros(int(n)) if you meant to round down"
-            )
-        dims.append(operator.index(n))
+    dims = list(_ints(shape, "size"))
     for n in dims:
         if n < 0:
             raise RuntimeError(f"Trying to create tensor with negative dimension {n}: {dims}; "
@@ -74,15 +83,76 @@ def _check_shape(shape, dt: np.dtype) -> tuple[int, ...]:
     return tuple(dims)
 
 
+def _check_view(storage, offset, shape, strides, dt: np.dtype):
+    """(offset, shape, strides) of a view, refused unless every element lies in ``storage``.
+
+    torch refuses the same inputs in Tensor.set_ and as_strided (the messages are torch's,
+    then what to do): a negative offset, one stride per dimension, no negative size or
+    stride, no sum that overflows, and the last reachable byte inside the storage
+    (at::native::checkInBoundsForStorage: itemsize * (offset + 1 + sum((size-1) * stride))).
+    A view with no element reaches nothing, so any offset is fine for it, as in torch.
+    Checked here, once, so that numpy() can never be asked to map past the storage, whether
+    the numbers came from a learner or from a received pickle.
+    """
+    if not isinstance(storage, UntypedStorage):
+        raise TypeError(f"a Tensor is a view of a shmlab.UntypedStorage, got "
+                        f"{type(storage).__name__}; use shmlab.from_numpy or shmlab.tensor to "
+                        "make one from data")
+    if type(offset) is not int and (isinstance(offset, bool)
+                                    or not hasattr(type(offset), "__index__")):
+        raise TypeError(f"storage offset must be an int (elements from the start of the "
+                        f"storage), got {type(offset).__name__} {offset!r}")
+    offset = operator.index(offset)
+    shape, strides = _ints(shape, "size"), _ints(strides, "stride")
+    if offset < 0:
+        raise RuntimeError(f"Tensor: invalid storage offset {offset}: the offset counts "
+                           "elements from the start of the storage, so it must be >= 0")
+    if len(strides) != len(shape):
+        raise RuntimeError(f"mismatch in length of strides and shape: {len(strides)} strides "
+                           f"{list(strides)} for {len(shape)} sizes {list(shape)}; give one "
+                           "stride per dimension")
+    if shape and min(shape) < 0:
+        raise RuntimeError(f"Trying to create tensor with negative dimension: {list(shape)}; "
+                           "every dimension must be >= 0")
+    if strides and min(strides) < 0:
+        raise RuntimeError(f"as_strided: Negative strides are not supported at the moment, got "
+                           f"strides: {list(strides)}; shmlab, like torch, walks memory forwards "
+                           "only (copy the data reversed instead)")
+    size = dt.itemsize
+    # numpy refuses these even for an empty view (its dimensions but the zeros, or a stride,
+    # past what a process can address), so shmlab must too, where torch lets an empty one be.
+    if (math.prod(n for n in shape if n) * size > sys.maxsize
+            or max(strides, default=0) * size > sys.maxsize):
+        raise RuntimeError(f"Storage size calculation overflowed with sizes={list(shape)} and "
+                           f"strides={list(strides)}: more bytes than a process can address")
+    if 0 in shape:
+        return offset, shape, strides
+    need = size * (offset + 1 + sum((n - 1) * st for n, st in zip(shape, strides, strict=True)))
+    if need > sys.maxsize:
+        raise RuntimeError(f"Storage size calculation overflowed with sizes={list(shape)} and "
+                           f"strides={list(strides)}: the view would span more bytes than a "
+                           "process can address")
+    have = storage.nbytes()
+    if need > have:
+        raise RuntimeError(
+            f"setStorage: sizes {list(shape)}, strides {list(strides)}, storage offset "
+            f"{offset}, and itemsize {size} requiring a storage size of {need} are out of "
+            f"bounds for storage of size {have}. A tensor is a view inside its storage: "
+            f"give a storage of at least {need} bytes (UntypedStorage({need})), or a smaller "
+            "offset, shape or strides"
+        )
+    return offset, shape, strides
+
+
 class Tensor:
     """Metadata over a storage. Slicing returns views that share the storage."""
 
     def __init__(self, storage: UntypedStorage, offset: int, shape, strides, dtype):
-        self._storage = storage
-        self._offset = int(offset)  # in elements, like torch's storage_offset()
-        self._shape = tuple(int(s) for s in shape)
-        self._strides = tuple(int(s) for s in strides)  # in elements, like torch's stride()
         self._dtype = _check_dtype(dtype)
+        self._storage = storage
+        # offset and strides in elements, like torch's storage_offset() and stride()
+        self._offset, self._shape, self._strides = _check_view(storage, offset, shape, strides,
+                                                               self._dtype)
 
     # --- metadata, named as torch names it ------------------------------------------------
     @property
@@ -134,8 +204,11 @@ class Tensor:
     def numpy(self) -> np.ndarray:
         """A zero-copy numpy view: writes through it are writes to the storage."""
         size = self._dtype.itemsize
-        return np.ndarray(self._shape, self._dtype, buffer=self._storage._data,
-                          offset=self._offset * size,
+        data = self._storage._data
+        # An empty view may start anywhere (as in torch); numpy wants its start in the buffer.
+        offset = self._offset * size if 0 not in self._shape else min(self._offset * size,
+                                                                      data.size)
+        return np.ndarray(self._shape, self._dtype, buffer=data, offset=offset,
                           strides=tuple(s * size for s in self._strides))
 
     def __array__(self, dtype=None, copy=None):
@@ -146,6 +219,10 @@ class Tensor:
         base = self.numpy()
         if not isinstance(index, tuple):
             index = (index,)
+        if any(isinstance(i, slice) and i.step is not None and i.step <= 0 for i in index):
+            # numpy would make a view with a negative stride, which no tensor may have
+            raise ValueError("step must be greater than zero (as in torch); for the reverse "
+                             "order, copy: shmlab.from_numpy(t.numpy()[::-1].copy())")
         if Ellipsis not in index:
             index = index + (Ellipsis,)  # keeps a full integer index a 0-d view, as torch does
         view = base[index]

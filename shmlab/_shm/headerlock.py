@@ -52,7 +52,6 @@ for _fn, _args in {
     "pthread_mutexattr_init": [ctypes.c_void_p],
     "pthread_mutexattr_setpshared": [ctypes.c_void_p, ctypes.c_int],
     "pthread_mutexattr_setrobust": [ctypes.c_void_p, ctypes.c_int],
-    "pthread_mutexattr_destroy": [ctypes.c_void_p],
     "pthread_mutex_init": [ctypes.c_void_p, ctypes.c_void_p],
     "pthread_mutex_trylock": [ctypes.c_void_p],
     "pthread_mutex_timedlock": [ctypes.c_void_p, ctypes.POINTER(_Timespec)],
@@ -68,18 +67,26 @@ def _check(err: int, what: str) -> None:
         raise OSError(err, f"{what} failed: {os.strerror(err)}")
 
 
-def set_up(header_addr: int) -> None:
-    """Make the lock at [8:64) of a new header, then mark the header ready (MAGIC)."""
+def _make_attr() -> ctypes.Array:
+    """The attributes every header lock is made with: process-shared and robust."""
     attr = ctypes.create_string_buffer(64)  # pthread_mutexattr_t is 4 bytes; room to spare
     _check(_libc.pthread_mutexattr_init(attr), "pthread_mutexattr_init")
-    try:
-        _check(_libc.pthread_mutexattr_setpshared(attr, _PTHREAD_PROCESS_SHARED),
-               "pthread_mutexattr_setpshared")
-        _check(_libc.pthread_mutexattr_setrobust(attr, _PTHREAD_MUTEX_ROBUST),
-               "pthread_mutexattr_setrobust")
-        _check(_libc.pthread_mutex_init(header_addr + LOCK_OFFSET, attr), "pthread_mutex_init")
-    finally:
-        _libc.pthread_mutexattr_destroy(attr)
+    _check(_libc.pthread_mutexattr_setpshared(attr, _PTHREAD_PROCESS_SHARED),
+           "pthread_mutexattr_setpshared")
+    _check(_libc.pthread_mutexattr_setrobust(attr, _PTHREAD_MUTEX_ROBUST),
+           "pthread_mutexattr_setrobust")
+    return attr
+
+
+# Made once, at import, and kept: pthread_mutex_init only reads it, and a new segment is on
+# the path of every first share (four ctypes calls fewer each time; a fork child's copy is
+# as good as ours, it is plain memory).
+_ATTR = _make_attr()
+
+
+def set_up(header_addr: int) -> None:
+    """Make the lock at [8:64) of a new header, then mark the header ready (MAGIC)."""
+    _check(_libc.pthread_mutex_init(header_addr + LOCK_OFFSET, _ATTR), "pthread_mutex_init")
     ctypes.memmove(header_addr + MAGIC_OFFSET, MAGIC, len(MAGIC))
 
 

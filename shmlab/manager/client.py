@@ -27,7 +27,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from .errors import ManagerError, NotAManagerError
 from .peer import check_path, check_peer
@@ -154,7 +154,11 @@ class ManagerClient:
         if not isinstance(handle, bytes):
             raise TypeError(f"manager handle must be bytes (a socket path), got {handle!r}")
         self.handle = handle
-        self._lock = threading.Lock()
+        # Reentrant: a GC pass inside register's while_waiting (it makes a segment, so it
+        # allocates) can run a storage's finalizer on this very thread, and its free() must
+        # not wait for ourselves. FREE has no reply, so a line sent in the middle of a request
+        # leaves the replies in step.
+        self._lock = threading.RLock()
         self._buf = b""
         self._owed = 0  # replies to requests that timed out, still to come: skip them
         self._member = False  # this connection has sent REGISTER or FREE: the manager keeps us
@@ -165,9 +169,15 @@ class ManagerClient:
     def closed(self) -> bool:
         return self._sock is None
 
-    def register(self, name: str | bytes) -> None:
-        """Tell the manager to reclaim `name` if this process family dies; waits for OK (1 s)."""
-        reply = self._request(f"REGISTER {os.getpid()} {_bare(name)}")
+    def register(self, name: str | bytes,
+                 while_waiting: Callable[[], object] | None = None) -> None:
+        """Tell the manager to reclaim `name` if this process family dies; waits for OK (1 s).
+
+        `while_waiting`, if given, runs once the line is sent and before the reply is read,
+        so its work overlaps the manager's (the creator makes the segment meanwhile: Note
+        [Making the segment while the manager registers it] in storage.py). If it raises,
+        the reply is left owed (skipped by the next request) and its exception goes on."""
+        reply = self._request(f"REGISTER {os.getpid()} {_bare(name)}", while_waiting)
         if reply != "OK":
             raise ManagerError(f"the manager refused to register {name!r}: {reply}")
         self._member = True
@@ -248,18 +258,26 @@ class ManagerClient:
                                "manager stopped answering): get_client(handle) reconnects; "
                                "if that manager is gone, reset() starts a fresh one")
 
-    def _request(self, line: str) -> str:
+    def _request(self, line: str, during: Callable[[], object] | None = None) -> str:
         with self._lock:
             self._in_step_locked()
-            deadline = time.monotonic() + REPLY_TIMEOUT_S
             self._torn = True  # until the stream is in step again (Note [A request ...])
             try:
                 self._send_locked(line.encode() + b"\n")
             except OSError as exc:  # TimeoutError too: part of the line may be out, so the
                 self._close_locked()  # stream is no longer ours to use (see free())
                 raise _gone(self.handle, exc) from exc
+            self._owed += 1  # ours, until it has come (see Note [A slow reply ...])
+            if during is not None:
+                # In step while it runs (a whole line out, its reply owed), so a free() from a
+                # finalizer inside it sends its line as is; cut there, the reply stays owed.
+                self._torn = False
+                during()  # (register's while_waiting) not under the OSError handling below
+                if self._sock is None:  # a free() inside it found the manager gone
+                    raise _gone(self.handle, "the connection closed")
+                self._torn = True
+            deadline = time.monotonic() + REPLY_TIMEOUT_S  # its work is not the manager's delay
             try:
-                self._owed += 1  # ours, until it has come (see Note [A slow reply ...])
                 while True:
                     reply = self._readline(deadline)
                     self._owed -= 1

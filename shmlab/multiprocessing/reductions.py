@@ -16,6 +16,7 @@ over a UNIX socket.
 import errno
 import multiprocessing
 import os
+import reprlib
 import resource
 import threading
 import weakref
@@ -90,8 +91,20 @@ shared_cache = SharedCache()
 
 
 def rebuild_tensor(cls, storage, metadata):
-    offset, shape, strides, dtype = metadata
-    return cls(storage, offset, shape, strides, dtype)
+    # The metadata comes from another process: Tensor() checks it against the storage we
+    # attached (tensor.py, _check_view), so a forged or corrupted message fails here, saying
+    # so, instead of a numpy() that maps past the storage later.
+    if not (isinstance(cls, type) and issubclass(cls, Tensor)):
+        raise TypeError(f"cannot rebuild a received tensor as {cls!r}, which is not a "
+                        "shmlab.Tensor class: the message was forged or corrupted")
+    try:
+        offset, shape, strides, dtype = metadata
+        return cls(storage, offset, shape, strides, dtype)
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise type(exc)(f"cannot rebuild a received tensor from metadata {reprlib.repr(metadata)}: "
+                         f"{exc}. "
+                         "A real sender's view always fits its storage, so the message was "
+                         "forged or corrupted; nothing was read past the storage") from exc
 
 
 def reduce_tensor(tensor):

@@ -146,3 +146,109 @@ def test_the_dtype_error_lists_the_unsigned_dtypes():
     with pytest.raises(TypeError, match="uint16") as info:
         shmlab.from_numpy(np.array(["a"]))
     assert "uint64" in str(info.value) and "'<U1'" in str(info.value)
+
+
+# --- the low-level constructor: a view must fit its storage (issue 26) ----------------------
+# Each row goes to torch.as_strided (and Tensor.set_) and to shmlab.Tensor with the same
+# numbers, over a 16-byte storage of float32 (4 elements): both must refuse.
+_BAD_VIEWS = {
+    "negative offset": (-1, (1,), (1,), "invalid storage offset -1.*>= 0"),
+    "past the end": (0, (5,), (1,), "requiring a storage size of 20 are out of bounds for "
+                     r"storage of size 16.*UntypedStorage\(20\)"),
+    "offset past the end": (4, (1,), (1,), "storage offset 4.*out of bounds.*smaller offset"),
+    "stride past the end": (0, (2,), (4,), "requiring a storage size of 20"),
+    "negative stride": (3, (2,), (-1,), "Negative strides are not supported.*copy"),
+    "negative size": (0, (-1,), (1,), "negative dimension"),
+    "overflowing shape": (0, (2**62, 2**62), (1, 1), "overflowed"),
+    "overflowing offset": (2**62, (1,), (1,), "overflowed"),
+    "strides of another rank": (0, (2,), (1, 1), "length of strides and shape"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_BAD_VIEWS))
+def test_a_view_outside_its_storage_is_refused_like_torch(case):
+    offset, shape, strides, message = _BAD_VIEWS[case]
+    with pytest.raises(RuntimeError):
+        torch.as_strided(torch.empty(4), shape, strides, offset)
+    storage = shmlab.UntypedStorage(16)
+    with pytest.raises(RuntimeError, match=message):
+        shmlab.Tensor(storage, offset, shape, strides, np.float32)
+
+
+def test_a_negative_offset_is_refused_by_set_too_with_torchs_words():
+    with pytest.raises(RuntimeError, match="invalid storage offset -1"):
+        torch.empty(0).set_(torch.UntypedStorage(16), -1, (1,), (1,))
+    with pytest.raises(RuntimeError, match="Tensor: invalid storage offset -1"):
+        shmlab.Tensor(shmlab.UntypedStorage(16), -1, (1,), (1,), np.float32)
+
+
+@pytest.mark.parametrize("offset, shape, strides", [
+    (0, (4,), (1,)),  # exactly the storage
+    (3, (1,), (1,)),  # the last element
+    (0, (2, 2), (2, 1)),
+    (0, (100,), (0,)),  # stride 0: every element is the first one
+    (100, (0,), (1,)),  # no element: any offset, as torch allows
+    (0, (0, 2**20), (1, 1)),  # no element, whatever the other dimensions
+])
+def test_views_inside_their_storage_and_empty_ones_work_like_torch(offset, shape, strides):
+    expected = torch.as_strided(torch.arange(4.0), shape, strides, offset)
+    storage = shmlab.tensor([0.0, 1.0, 2.0, 3.0]).untyped_storage()
+    t = shmlab.Tensor(storage, offset, shape, strides, np.float32)
+    assert t.shape == tuple(expected.shape) and t.numel() == expected.numel()
+    assert t.numpy().tolist() == expected.tolist()
+
+
+@pytest.mark.parametrize("bad", [1.5, "2"])
+def test_a_non_integer_offset_is_refused_like_torch(bad):
+    with pytest.raises(TypeError):
+        torch.as_strided(torch.empty(4), (1,), (1,), bad)
+    with pytest.raises(TypeError, match="storage offset must be an int"):
+        shmlab.Tensor(shmlab.UntypedStorage(16), bad, (1,), (1,), np.float32)
+
+
+def test_a_view_of_something_that_is_not_a_storage_is_refused():
+    with pytest.raises(TypeError, match="UntypedStorage.*from_numpy"):
+        shmlab.Tensor(np.zeros(16, np.uint8), 0, (4,), (1,), np.float32)
+
+
+def test_a_forged_pickle_reaching_past_its_storage_fails_on_receipt():
+    from multiprocessing.reduction import ForkingPickler
+
+    from shmlab.multiprocessing import reductions
+
+    class Forged:  # what a crafted message carries: a real storage, metadata that lies
+        def __init__(self, storage, metadata):
+            self.storage, self.metadata = storage, metadata
+
+        def __reduce__(self):
+            return (reductions.rebuild_tensor, (shmlab.Tensor, self.storage, self.metadata))
+
+    storage = shmlab.tensor([1.0, 2.0, 3.0, 4.0]).untyped_storage()
+    for metadata, message in [
+        ((0, (1 << 20,), (1,), np.dtype("float32")), "out of bounds.*forged or corrupted"),
+        ((-1, (1,), (1,), np.dtype("float32")), "invalid storage offset"),
+        ((0, (2,), (-1,), np.dtype("float32")), "Negative strides"),
+        ((0, (1,)), "forged or corrupted"),  # not even four fields
+    ]:
+        data = ForkingPickler.dumps(Forged(storage, metadata))  # shares the storage (fd)
+        with pytest.raises((RuntimeError, ValueError), match=message):
+            ForkingPickler.loads(data)
+    with pytest.raises(TypeError, match="not a shmlab.Tensor class"):
+        reductions.rebuild_tensor(dict, storage, (0, (1,), (1,), np.dtype("float32")))
+
+
+def test_an_empty_view_numpy_cannot_hold_is_refused_where_torch_allows_it():
+    # torch keeps sizes as int64 and lets an empty tensor have any others; numpy refuses a
+    # shape whose non-zero dimensions overflow, even with a 0 among them, so shmlab says so
+    # when the view is made, not at its first numpy().
+    assert torch.as_strided(torch.empty(4), (0, 2**62), (1, 1), 0).numel() == 0
+    with pytest.raises(RuntimeError, match="overflowed.*more bytes than a process can address"):
+        shmlab.Tensor(shmlab.UntypedStorage(16), 0, (0, 2**62), (1, 1), np.float32)
+
+
+def test_a_negative_step_is_refused_like_torch_instead_of_a_negative_stride_view():
+    with pytest.raises(ValueError, match="step must be greater than zero"):
+        torch.tensor([1.0, 2.0, 3.0])[::-1]
+    with pytest.raises(ValueError, match="step must be greater than zero.*copy"):
+        shmlab.tensor([1.0, 2.0, 3.0])[::-1]
+    assert shmlab.tensor([1.0, 2.0, 3.0])[::2].tolist() == [1.0, 3.0]

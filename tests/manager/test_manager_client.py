@@ -155,3 +155,65 @@ def test_a_receiver_joins_once_without_waiting_even_while_the_manager_stalls(fre
     assert seen.count("registered") == 1 and "freed" not in seen, seen
     del t  # the last holder: its decref unlinks the file and its FREE makes the manager forget
     assert client.status()["segments"] == []
+
+
+# -- the creator's REGISTER, overlapped with making the segment (storage.py) -------------------
+@pytest.mark.timeout(20)
+def test_work_while_waiting_that_fails_leaves_the_connection_in_step(fresh_client, segment):
+    client = mc.get_client()
+
+    def boom():
+        raise OSError(28, "no space (a stand-in for a failed segment creation)")
+
+    with pytest.raises(OSError, match="no space"):
+        client.register(segment(), while_waiting=boom)
+    # Not the manager's fault: still connected, and the REGISTER's OK, owed, is skipped.
+    assert not client.closed
+    status = client.status()
+    assert status["clients"] == 1 and status["count"] == 1
+    client.register(segment())  # and the next request gets its own answer
+
+
+@pytest.mark.timeout(30)
+def test_a_share_the_stalled_manager_does_not_confirm_leaves_no_file_and_stays_private(
+        fresh_client):
+    import numpy as np
+
+    import shmlab
+    from shmlab.multiprocessing import get_sharing_strategy, set_sharing_strategy
+
+    before = get_sharing_strategy()
+    set_sharing_strategy("file_system")
+    try:
+        shmlab.zeros(4).share_memory_()  # starts the manager
+        client = mc.get_client()
+        pid = client.status()["pid"]
+        t = shmlab.from_numpy(np.arange(256, dtype=np.float32))
+        ours = {n for n in os.listdir("/dev/shm") if n.startswith(f"shmlab_{os.getpid()}_")}
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            # The segment is made while the REGISTER waits; without an OK the name must
+            # never be used: the file goes again and the tensor stays private.
+            with pytest.raises(ManagerError, match="not answering"):
+                t.share_memory_()
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        left = {n for n in os.listdir("/dev/shm") if n.startswith(f"shmlab_{os.getpid()}_")}
+        assert left == ours and not t.is_shared()
+        assert t.numpy().tolist() == list(range(256))
+        assert t.share_memory_().is_shared()  # the manager answers again: in step
+    finally:
+        set_sharing_strategy(before)
+
+
+@pytest.mark.timeout(20)
+def test_a_free_from_a_finalizer_while_waiting_does_not_deadlock(fresh_client, segment):
+    # While the creator makes its segment, a GC pass may run another storage's finalizer
+    # on the same thread, and that finalizer says FREE over the same connection.
+    client = mc.get_client()
+    old = segment()
+    client.register(old)
+    os.unlink(f"/dev/shm/{old}")  # its last holder unlinked it: the FREE that follows is real
+    new = segment()
+    client.register(new, while_waiting=lambda: client.free(old))
+    assert client.status()["segments"] == [new]  # the REGISTER's OK, then STATUS: in step
