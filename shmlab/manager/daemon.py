@@ -300,8 +300,8 @@ class Manager:
             if conn.doomed:  # closed after its last reply had its chance, quietly
                 conn.flush()
                 self.drop(conn, conn.doomed, broadcast=False)
-            elif not conn.flush():  # the peer is gone: the same as a hang-up
-                self.drop(conn)
+            elif not conn.flush():  # the peer is gone: serve what it sent, then drop it
+                self.hung_up(conn)
             else:
                 self.watch_conn(conn)
                 if conn.has_line():  # its budget ran out: serve the rest next turn
@@ -406,6 +406,17 @@ class Manager:
                 self.internal_error(conn, line, exc)
         if conn.eof and conn.sock in self.conns:  # the peer closed or died
             self.drop(conn, "disconnected in the middle of a line" if conn.inbox else None)
+
+    def hung_up(self, conn: Conn) -> None:
+        """A reply could not be sent: the peer has closed. The complete lines it sent before
+        closing still count (a REGISTER names a file it made and may have died holding), even
+        past this turn's budget: read them all, serve them with nobody to answer, drop it."""
+        conn.gone = True  # replies are thrown away from now on
+        while conn.receive():
+            if not conn.pending:  # EAGAIN: nothing more readable, and no end of file either
+                break
+        conn.eof = True  # serve_lines: no budget once the peer is gone, then drop
+        self.serve_lines(conn)
 
     def internal_error(self, conn: Conn, line: bytes, exc: Exception) -> None:
         """A bug of ours met `line`: log it with its traceback, answer ERR, keep serving."""

@@ -50,6 +50,8 @@ class Conn:
         self.inbox, self.outbox = bytearray(), bytearray()
         self.mask = selectors.EVENT_READ  # what the selector watches for us now
         self.eof = False  # the peer hung up; serve what it sent, then drop it
+        self.gone = False  # a send failed: the peer cannot read replies any more
+        self.pending = False  # the last receive() got data
         self.said_bye = False
         self.bad_lines = 0
         self.refusals = RateLimit()
@@ -65,6 +67,7 @@ class Conn:
 
     def receive(self) -> bool:
         """Read what is there; False when the peer has hung up (or the socket failed)."""
+        self.pending = False
         try:
             data = self.sock.recv(RECV_BYTES)
         except (BlockingIOError, InterruptedError):
@@ -75,6 +78,7 @@ class Conn:
             self.eof = True
             return False
         self.inbox += data
+        self.pending = True
         return True
 
     def next_line(self) -> bytes | None:
@@ -91,6 +95,8 @@ class Conn:
 
     # -- output ---------------------------------------------------------------------------
     def queue(self, text: str) -> None:
+        if self.gone:
+            return
         self.outbox += text.encode() + b"\n"
         if self.kind == "observer" and len(self.outbox) > OBSERVER_MAX and not self.doomed:
             self.doomed = f"observer not reading its events ({OBSERVER_MAX} bytes behind)"

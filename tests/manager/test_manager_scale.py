@@ -203,6 +203,24 @@ def test_a_bug_in_a_handler_answers_err_and_the_manager_keeps_serving(monkeypatc
         manager.shutdown()
 
 
+@pytest.mark.timeout(30)
+def test_every_line_of_a_peer_that_closed_at_once_is_served(daemon):
+    # A peer that pipelines 40 REGISTERs and closes: the first turn serves 16 (the budget), the
+    # OKs then fail to send (EPIPE), and the other 24 names must still be registered: a
+    # process that dies right after registering files it made has left them to the manager.
+    d = daemon()
+    token = secrets.token_hex(4)
+    with socket.socket(socket.AF_UNIX) as s:
+        s.connect(d.path)
+        s.sendall(b"".join(b"REGISTER %d shmlab_t%s_%d\n" % (os.getpid(), token.encode(), i)
+                           for i in range(40)))
+    deadline = time.monotonic() + 10
+    while (count := json.loads(d.ask(b"STATUS 0 0\n"))["count"]) < 40:
+        assert time.monotonic() < deadline, f"only {count} of 40 lines were served"
+        time.sleep(0.05)
+    assert count == 40
+
+
 # -- no fd ceiling -------------------------------------------------------------------------------
 def test_a_member_with_a_pidfd_past_1023_is_still_asked(tmp_path):
     """select() refuses fds >= 1024 (FD_SETSIZE); the liveness check must not."""
