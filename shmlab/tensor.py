@@ -86,10 +86,12 @@ def _check_shape(shape, dt: np.dtype) -> tuple[int, ...]:
 def _check_view(storage, offset, shape, strides, dt: np.dtype):
     """(offset, shape, strides) of a view, refused unless every element lies in ``storage``.
 
-    torch refuses the same inputs in Tensor.set_ and as_strided (the messages are torch's,
-    then what to do): a negative offset, one stride per dimension, no negative size or
-    stride, no sum that overflows, and the last reachable byte inside the storage
-    (at::native::checkInBoundsForStorage: itemsize * (offset + 1 + sum((size-1) * stride))).
+    torch.as_strided refuses the same inputs (the messages are as_strided's, the negative
+    size's is torch.empty's, then what to do): a negative offset, one stride per dimension, no
+    negative size or stride, no sum that overflows, and the last reachable byte inside the
+    storage. (Tensor.set_ refuses some of them in other words, and on a resizable storage it
+    grows the storage instead of refusing a view past its end.) The bytes a view needs are
+    at::native::checkInBoundsForStorage's: itemsize * (offset + 1 + sum((size-1) * stride)).
     A view with no element reaches nothing, so any offset is fine for it, as in torch.
     Checked here, once, so that numpy() can never be asked to map past the storage, whether
     the numbers came from a learner or from a received pickle.
@@ -219,7 +221,9 @@ class Tensor:
         base = self.numpy()
         if not isinstance(index, tuple):
             index = (index,)
-        if any(isinstance(i, slice) and i.step is not None and i.step <= 0 for i in index):
+        if any(isinstance(i, slice) and i.step == 0 for i in index):
+            raise ValueError("slice step cannot be zero")  # numpy's and torch's words
+        if any(isinstance(i, slice) and i.step is not None and i.step < 0 for i in index):
             # numpy would make a view with a negative stride, which no tensor may have
             raise ValueError("step must be greater than zero (as in torch); for the reverse "
                              "order, copy: shmlab.from_numpy(t.numpy()[::-1].copy())")

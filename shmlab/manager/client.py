@@ -62,8 +62,10 @@ CONNECT_TIMEOUT_S = 5.0  # how long a full listen queue may keep us waiting
 # the manager knows the difference between "left" and "dropped" (see liveness.py).
 
 # Note [A request Ctrl-C cannot split]
-# A KeyboardInterrupt is raised in the main thread between any two bytecodes, so it can cut a
-# request anywhere: half a line sent, a reply read but not counted, `_owed` one off. From
+# A KeyboardInterrupt is raised in the main thread at almost any point: between bytecodes
+# where the interpreter checks for signals (calls, loop back-edges), and inside a blocking call
+# such as sendall() or recv() that the signal interrupts. So it can cut a request anywhere:
+# half a line sent, a reply read but not counted, `_owed` one off. From
 # then on every answer would be taken for the wrong request. torch cannot be cut (its request
 # runs in C++, which holds off Python's signal handler until it returns). We cannot hold off
 # signals from every thread (signal.signal works only in the main thread, and deferring needs
@@ -74,8 +76,8 @@ CONNECT_TIMEOUT_S = 5.0  # how long a full listen queue may keep us waiting
 # Dropping is safe for data: the manager serves every complete line of a closed connection,
 # ignores a half one, and keeps a member that closed without BYE for as long as its process
 # lives (liveness.py, Note [A dropped connection is not a dead process]), so nothing we
-# registered can be reclaimed meanwhile. The cost on the hot path is two attribute stores;
-# an interrupted client pays one reconnect, on its next request.
+# registered can be reclaimed meanwhile. The cost on the hot path is a few attribute stores
+# per request; an interrupted client pays one reconnect, on its next request.
 
 # Note [What a receiver tells the manager]
 # torch's client sends a line for every attach and every close, and its C++ manager spends
@@ -154,11 +156,14 @@ class ManagerClient:
         if not isinstance(handle, bytes):
             raise TypeError(f"manager handle must be bytes (a socket path), got {handle!r}")
         self.handle = handle
-        # Reentrant: a GC pass inside register's while_waiting (it makes a segment, so it
-        # allocates) can run a storage's finalizer on this very thread, and its free() must
-        # not wait for ourselves. FREE has no reply, so a line sent in the middle of a request
-        # leaves the replies in step.
+        # Reentrant: a garbage collection anywhere inside a request (register's while_waiting
+        # makes a segment; any allocation can trigger one) can run a storage's finalizer on
+        # this very thread, and its free() must not wait for ourselves. It must not touch the
+        # stream either (the request may be half-way through a line or a reply): it leaves its
+        # line in `_deferred`, sent when the outermost request is done.
         self._lock = threading.RLock()
+        self._busy = 0  # requests of this thread in progress (nested through a finalizer)
+        self._deferred: list[bytes] = []  # FREE lines from finalizers run inside a request
         self._buf = b""
         self._owed = 0  # replies to requests that timed out, still to come: skip them
         self._member = False  # this connection has sent REGISTER or FREE: the manager keeps us
@@ -193,19 +198,25 @@ class ManagerClient:
         """Tell the manager we let go of `name` (no reply; silent if the manager is gone)."""
         line = f"FREE {os.getpid()} {_bare(name)}\n".encode()
         with self._lock:
-            try:
-                self._in_step_locked()
-            except ManagerError:
-                return  # closed, or gone: nothing to tell
-            self._torn = True  # see Note [A request Ctrl-C cannot split]
-            try:
-                self._send_locked(line)
-                self._member = True
-            except OSError:  # gone (see Note [When the manager is gone]) or stuck: a
-                self._close_locked()  # half-sent line cannot be taken back, so close;
-                # the manager keeps our segments while this process lives (liveness.py)
+            if self._busy:  # a finalizer inside our own request, on this thread: see __init__
+                self._deferred.append(line)
                 return
-            self._torn = False
+            self._free_locked(line)
+
+    def _free_locked(self, line: bytes) -> None:
+        try:
+            self._in_step_locked()
+        except ManagerError:
+            return  # closed, or gone: nothing to tell
+        self._torn = True  # see Note [A request Ctrl-C cannot split]
+        try:
+            self._send_locked(line)
+            self._member = True
+        except OSError:  # gone (see Note [When the manager is gone]) or stuck: a
+            self._close_locked()  # half-sent line cannot be taken back, so close;
+            # the manager keeps our segments while this process lives (liveness.py)
+            return
+        self._torn = False
 
     def status(self, max_names: int | None = None) -> dict:
         """The manager's STATUS: pid, clients, members, observers, grace_s, count and
@@ -259,7 +270,7 @@ class ManagerClient:
                                "if that manager is gone, reset() starts a fresh one")
 
     def _request(self, line: str, during: Callable[[], object] | None = None) -> str:
-        with self._lock:
+        with self._lock, self._one_exchange():
             self._in_step_locked()
             self._torn = True  # until the stream is in step again (Note [A request ...])
             try:
@@ -269,12 +280,8 @@ class ManagerClient:
                 raise _gone(self.handle, exc) from exc
             self._owed += 1  # ours, until it has come (see Note [A slow reply ...])
             if during is not None:
-                # In step while it runs (a whole line out, its reply owed), so a free() from a
-                # finalizer inside it sends its line as is; cut there, the reply stays owed.
-                self._torn = False
+                self._torn = False  # in step while it runs: a whole line out, its reply owed
                 during()  # (register's while_waiting) not under the OSError handling below
-                if self._sock is None:  # a free() inside it found the manager gone
-                    raise _gone(self.handle, "the connection closed")
                 self._torn = True
             deadline = time.monotonic() + REPLY_TIMEOUT_S  # its work is not the manager's delay
             try:
@@ -293,7 +300,7 @@ class ManagerClient:
 
     def _post(self, line: str) -> None:
         """Send a request whose answer we do not wait for: skipped like a late one (`_owed`)."""
-        with self._lock:
+        with self._lock, self._one_exchange():
             self._in_step_locked()
             self._torn = True
             try:
@@ -303,6 +310,18 @@ class ManagerClient:
                 raise _gone(self.handle, exc) from exc
             self._owed += 1
             self._torn = False
+
+    @contextlib.contextmanager
+    def _one_exchange(self) -> Iterator[None]:
+        """Mark a request in progress; when the outermost ends, however it ends, send the FREE
+        lines finalizers left meanwhile (with the lock held, as everything here)."""
+        self._busy += 1
+        try:
+            yield
+        finally:
+            self._busy -= 1
+            while not self._busy and self._deferred:
+                self._free_locked(self._deferred.pop(0))
 
     def _send_locked(self, data: bytes) -> None:
         self._sock.sendall(data)  # under the socket's REPLY_TIMEOUT_S: a full buffer can't hang us

@@ -90,14 +90,19 @@ FD_RESERVE = 64  # fds of our own: std streams, the listening socket, epoll, the
 # is full, the longest-idle new connection makes room for the newcomer instead of the newcomer
 # being refused: a real client sends REGISTER right after connecting, so it is not the
 # longest-idle one. Evicting a new connection costs no data: it holds no name and no
-# membership. We never evict a client or an observer:
+# membership. It can cost a request, though: a ManagerClient that has only asked STATUS so
+# far and is evicted to admit a newcomer finds its next REGISTER refused (the manager looks
+# gone to it; get_client() reconnects). Only a table full of connections reaches that case.
+# We never evict a client or an observer:
 #   * a client's names would not be lost at once (liveness.py keeps a member that closed
 #     without BYE while its process lives), but its *next* REGISTER would meet a closed socket:
 #     the client reports the manager gone, a segment then goes unregistered and leaks when its
 #     process is killed, or a share fails. And a client that is silent or stopped half-way
 #     through a line (SIGSTOP, a debugger, a loaded box) is slow, not hostile;
 #   * clients are bounded anyway: one per connection, the table sized from the fd limit, and
-#     a member process costs one pidfd more, which default_max_clients leaves room for;
+#     a member process costs one pidfd more, which default_max_clients leaves room for, one
+#     per connection (past that, pidfd_open fails and liveness falls back to /proc start
+#     times: just as safe);
 #   * observers are capped on their own (max_observers) and dropped when they stop reading.
 # So the cap can only be reached by clients the fd limit admits, never by idle strangers.
 
@@ -108,9 +113,9 @@ FD_RESERVE = 64  # fds of our own: std streams, the listening socket, epoll, the
 # family's segments: one peer's line would leak every other peer's files. So serve_lines()
 # guards the handling of one line, and only that: the exception is written to the event log
 # (a "refused" event with the traceback: the bug stays visible), the peer gets
-# `ERR internal error`, and the loop goes on. Exception only: KeyboardInterrupt and SystemExit
-# still end the daemon, and a failure anywhere else in the loop (accepting, the selector,
-# liveness) still crashes it loudly.
+# `ERR internal error` (a FREE, which never has a reply, gets none), and the loop goes on.
+# Exception only: KeyboardInterrupt and SystemExit still end the daemon, and a failure
+# anywhere else in the loop (accepting, the selector, liveness) still crashes it loudly.
 
 # Note [Fair service]
 # One loop turn serves at most LINES_PER_TURN lines of each connection, then moves on; lines

@@ -8,8 +8,9 @@ shm manager (client.py, Note [A request Ctrl-C cannot split]), torch side by sid
 
 One *worker* process (spawned) shares, attaches and puts file_system tensors in a loop, as
 fast as it can; every share of a fresh tensor is a REGISTER exchange with the manager, every
-attach on a fresh connection a REGISTER posted, every put a share in the Queue's feeder
-thread. The driver sends it SIGINT after a random delay. The KeyboardInterrupt lands wherever
+attach a register too (shmlab: one REGISTER posted per fresh connection, no reply awaited;
+torch: a full exchange on every attach), every put a share in the Queue's feeder thread.
+The driver sends it SIGINT after a random delay. The KeyboardInterrupt lands wherever
 the main thread is; the worker catches it, then checks itself:
   * in step: two shares of fresh tensors, each within the manager's reply timeout
     (a client out of step times out, or raises);
@@ -235,6 +236,8 @@ def _session(lib: str, trials: int, seed: int, max_delay_s: float, deadline_s: f
 STUCK_IN = {
     # CPython: a KeyboardInterrupt just after Condition.__enter__ took its lock and before
     # the `with` block began leaves the lock held; the Queue's next put waits for ever.
+    # (faulthandler names the line: 92 is `with self._notempty:` in CPython 3.11.7's queues.py;
+    # on another Python this case counts as "other")
     "Queue.put: its lock left held (CPython's with-statement gap)": "queues.py\", line 92 in put",
     # torch/storage.py, _share_memory_lock_protected: an interrupt between taking a
     # storage's RLock and the try/finally that releases it; the next share of a storage at

@@ -252,3 +252,6 @@ def test_a_negative_step_is_refused_like_torch_instead_of_a_negative_stride_view
     with pytest.raises(ValueError, match="step must be greater than zero.*copy"):
         shmlab.tensor([1.0, 2.0, 3.0])[::-1]
     assert shmlab.tensor([1.0, 2.0, 3.0])[::2].tolist() == [1.0, 3.0]
+    for lib in (torch, shmlab):
+        with pytest.raises(ValueError, match="slice step cannot be zero"):
+            lib.tensor([1.0, 2.0, 3.0])[::0]

@@ -217,3 +217,28 @@ def test_a_free_from_a_finalizer_while_waiting_does_not_deadlock(fresh_client, s
     new = segment()
     client.register(new, while_waiting=lambda: client.free(old))
     assert client.status()["segments"] == [new]  # the REGISTER's OK, then STATUS: in step
+
+
+@pytest.mark.timeout(20)
+def test_a_free_from_a_finalizer_while_a_reply_is_read_waits_for_the_request(
+        fresh_client, segment, monkeypatch):
+    # A GC pass can run a finalizer anywhere inside a request, e.g. while its reply is read:
+    # the finalizer's FREE must neither cut in (the stream is mid-exchange) nor be lost.
+    client = mc.get_client()
+    old = segment()
+    client.register(old)
+    os.unlink(f"/dev/shm/{old}")
+    readline = mc.ManagerClient._readline
+    fired = []
+
+    def readline_with_a_finalizer(self, deadline):
+        if not fired:
+            fired.append(True)
+            self.free(old)  # what a storage's finalizer does
+        return readline(self, deadline)
+
+    monkeypatch.setattr(mc.ManagerClient, "_readline", readline_with_a_finalizer)
+    new = segment()
+    client.register(new)  # answered, not timed out: the FREE waited for the request
+    monkeypatch.undo()
+    assert fired and client.status()["segments"] == [new]  # and then it was sent
