@@ -8,57 +8,24 @@ daemon exiting on its own (exit 0, directory gone), so the leak checker finds no
 
 from __future__ import annotations
 
+import functools
 import json
 import os
-import shutil
-import subprocess
-import sys
 import threading
 import time
 
 import pytest
+from support.managers import GRACE
 
 from shmlab.manager import client as mc
 from shmlab.manager.daemon import Manager
 from shmlab.manager.daemon_conn import MAX_BAD_LINES
 from shmlab.testing import faults
 
-GRACE = "0.3"
-
-
-class Daemon:
-    def __init__(self, *args: str):
-        self.proc = subprocess.Popen([sys.executable, "-m", "shmlab.manager", "--grace", GRACE,
-                                      *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        self.path = self.proc.stdout.readline().decode().strip()
-        self.proc.stdout.close()
-        self.dir = os.path.dirname(self.path)
-        assert self.path.endswith("/manager.sock"), self.path
-
-    def log(self) -> list[dict]:
-        with open(os.path.join(self.dir, "events.jsonl")) as f:
-            return [json.loads(line) for line in f]
-
-    def wait(self, timeout: float = 10) -> tuple[int, str]:
-        rc = self.proc.wait(timeout)
-        return rc, self.proc.stderr.read().decode()
-
 
 @pytest.fixture
-def daemon():
-    started: list[Daemon] = []
-
-    def start(*args: str) -> Daemon:
-        started.append(Daemon(*args))
-        return started[-1]
-
-    yield start
-    for d in started:
-        if d.proc.poll() is None:  # a failed test: do not wait for a grace that never comes
-            d.proc.kill()
-        d.proc.wait(10)
-        d.proc.stderr.close()
-        shutil.rmtree(d.dir, ignore_errors=True)
+def daemon(manager_daemon):
+    return functools.partial(manager_daemon, hold=False)
 
 
 def hung_up(sock) -> bool:

@@ -9,11 +9,11 @@ torch's manager side by side) and the fuzz corpus is tests/support/linefuzz.py.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import resource
 import secrets
-import shutil
 import signal
 import socket
 import subprocess
@@ -29,8 +29,6 @@ from shmlab.manager.liveness import Member
 from shmlab.manager.protocol import MAX_SEGMENTS, MAX_STATUS_PAGE, parse_request
 from shmlab.testing import clients
 
-GRACE = "0.3"
-
 # A member process: registers the name it is given under its own pid, says "ok", then waits
 # to be killed (stdin closing ends it too, so a failed test leaves no orphan).
 MEMBER = r'''
@@ -42,50 +40,9 @@ sys.stdin.read()
 '''
 
 
-class Daemon:
-    def __init__(self, *args: str):
-        self.proc = subprocess.Popen([sys.executable, "-m", "shmlab.manager", "--grace", GRACE,
-                                      *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        self.path = self.proc.stdout.readline().decode().strip()
-        self.proc.stdout.close()
-        self.dir = os.path.dirname(self.path)
-        assert self.path.endswith("/manager.sock"), self.path
-        self.holder = socket.socket(socket.AF_UNIX)  # a starter's connection: keeps it serving
-        self.holder.connect(self.path)
-
-    def log(self) -> list[dict]:
-        with open(os.path.join(self.dir, "events.jsonl")) as f:
-            return [json.loads(line) for line in f]
-
-    def ask(self, line: bytes) -> bytes:
-        with socket.socket(socket.AF_UNIX) as s:
-            s.settimeout(5)
-            s.connect(self.path)
-            s.sendall(line)
-            return s.recv(65536)
-
-    def wait(self, timeout: float = 10) -> tuple[int, str]:
-        self.holder.close()
-        rc = self.proc.wait(timeout)
-        return rc, self.proc.stderr.read().decode()
-
-
 @pytest.fixture
-def daemon():
-    started: list[Daemon] = []
-
-    def start(*args: str) -> Daemon:
-        started.append(Daemon(*args))
-        return started[-1]
-
-    yield start
-    for d in started:
-        d.holder.close()
-        if d.proc.poll() is None:  # a failed test: do not wait for a grace that never comes
-            d.proc.kill()
-        d.proc.wait(10)
-        d.proc.stderr.close()
-        shutil.rmtree(d.dir, ignore_errors=True)  # only left behind by a killed manager
+def daemon(manager_daemon):
+    return functools.partial(manager_daemon, hold=True)
 
 
 @pytest.fixture
