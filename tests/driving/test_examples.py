@@ -145,6 +145,21 @@ def test_ddp_with_spawn_reaches_target(digits):
     assert accuracy(r.model, digits.x_test, digits.y_test) == pytest.approx(r.final_accuracy)
 
 
+def run_in_own_session(cmd: list[str], timeout: float) -> str:
+    """Run `cmd` in a session of its own and return its stdout; on a timeout SIGKILL its whole
+    process group (workers included), so nothing is left behind, and raise."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
+    assert proc.returncode == 0, err[-2000:]
+    return out
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(420)
 @pytest.mark.xdist_group("ddp-spawn")
@@ -158,15 +173,7 @@ def test_ddp_is_deterministic_whatever_the_start_method(digits, tmp_path):
               "from shmlab.examples.ddp import run_ddp; "
               "r = run_ddp(2, epochs=5, target_accuracy=float(sys.argv[2]), data=load_digits(), "
               "timeout=240, start_method='fork'); torch.save(r.model.state_dict(), sys.argv[1])")
-    proc = subprocess.Popen([sys.executable, "-c", script, str(saved), str(TARGET)],
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        _, err = proc.communicate(timeout=300)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        raise
-    assert proc.returncode == 0, err[-2000:]
+    run_in_own_session([sys.executable, "-c", script, str(saved), str(TARGET)], timeout=300)
     forked = torch.load(saved)
     spawned = ddp_spawn_result(digits).model.state_dict()
     assert forked.keys() == spawned.keys()
@@ -180,14 +187,5 @@ def test_torchrun_runs_the_ddp_module():
     torchrun = Path(sys.executable).with_name("torchrun")
     cmd = [str(torchrun), "--standalone", "--nproc_per_node=2", "-m", "shmlab.examples.ddp",
            "--epochs", "3", "--target", str(TARGET)]
-    # Own session, so a timeout can kill torchrun *and* its workers, leaving nothing behind.
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=100)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        raise
-    assert proc.returncode == 0, err[-2000:]
+    out = run_in_own_session(cmd, timeout=100)
     assert "ddp      processes=2" in out and "time to 90%: not reached" not in out, out
