@@ -11,6 +11,7 @@ import contextlib
 import json
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -92,10 +93,11 @@ print(p.pid, p.stdout.readline().decode().strip(), flush=True)
 """  # the starter exits at once: its manager is an orphan, re-parented away from us
 
 
-def _orphaned_manager(env: dict) -> int:
+def _orphaned_manager(env: dict, dirs: list[str]) -> int:
     out = subprocess.run([sys.executable, "-c", ORPHAN], env=env, capture_output=True,
                          text=True, timeout=60, check=True).stdout.split()
     assert out[1].endswith("/manager.sock"), out
+    dirs.append(os.path.dirname(out[1]))  # a SIGKILLed manager cannot remove its directory
     return int(out[0])
 
 
@@ -107,9 +109,10 @@ def test_leakcheck_blames_only_orphaned_managers_of_its_own_run():
     from support import leakcheck
 
     ours = theirs = None
+    dirs: list[str] = []
     try:
-        ours = _orphaned_manager(dict(os.environ))
-        theirs = _orphaned_manager(dict(os.environ, **{leakcheck.RUN_ENV: "another-run"}))
+        ours = _orphaned_manager(dict(os.environ), dirs)
+        theirs = _orphaned_manager(dict(os.environ, **{leakcheck.RUN_ENV: "another-run"}), dirs)
         found = leakcheck.manager_pids()
         parents = {pid: psutil.Process(pid).ppid() for pid in (ours, theirs)}
     finally:
@@ -117,6 +120,8 @@ def test_leakcheck_blames_only_orphaned_managers_of_its_own_run():
             if pid is not None:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
+        for d in dirs:
+            shutil.rmtree(d, ignore_errors=True)
     print(f"ours {ours}, theirs {theirs}, parents {parents}, found {found}")
     assert all(ppid != os.getpid() for ppid in parents.values())  # orphans, both
     assert ours in found and theirs not in found
@@ -323,7 +328,7 @@ def test_leaker():
     out = subprocess.run([sys.executable, "-c", os.environ["ORPHAN"]], capture_output=True,
                          text=True, timeout=60, check=True).stdout.split()
     with open("leaked", "w") as f:
-        f.write(f"{name} {child.pid} {out[0]} {os.environ['SHMLAB_LEAKCHECK_RUN']}")
+        f.write(f"{name} {child.pid} {out[0]} {os.environ['SHMLAB_LEAKCHECK_RUN']} {out[1]}")
     wait_for("clean_checked")  # the other worker's teardown has judged its test meanwhile
 
 @pytest.mark.xdist_group("clean")
@@ -352,6 +357,7 @@ def test_leakcheck_blames_each_xdist_worker_for_its_own_leaks_only(pytester, mon
                                            "-n", "2", "--dist", "loadgroup", "-v")
     leaked = (pytester.path / "leaked").read_text().split()
     name, child, manager, marker = leaked[0], int(leaked[1]), int(leaked[2]), leaked[3]
+    manager_dir = os.path.dirname(leaked[4])  # the checker SIGKILLs it: it cannot remove it
     try:
         result.assert_outcomes(passed=2, errors=1)
         result.stdout.fnmatch_lines(["*ERROR at teardown of test_leaker*",
@@ -368,6 +374,7 @@ def test_leakcheck_blames_each_xdist_worker_for_its_own_leaks_only(pytester, mon
                 os.kill(pid, signal.SIGKILL)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(name)
+        shutil.rmtree(manager_dir, ignore_errors=True)
 
 
 GROUPED_TESTS = """
