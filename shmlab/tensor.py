@@ -205,8 +205,10 @@ class Tensor:
     # --- data -----------------------------------------------------------------------------
     def numpy(self) -> np.ndarray:
         """A zero-copy numpy view: writes through it are writes to the storage."""
+        return self._numpy_over(self._storage._data)
+
+    def _numpy_over(self, data: np.ndarray) -> np.ndarray:
         size = self._dtype.itemsize
-        data = self._storage._data
         # An empty view may start anywhere (as in torch); numpy wants its start in the buffer.
         offset = self._offset * size if 0 not in self._shape else min(self._offset * size,
                                                                       data.size)
@@ -218,7 +220,10 @@ class Tensor:
         return arr if dtype is None else arr.astype(dtype)
 
     def __getitem__(self, index) -> Tensor:
-        base = self.numpy()
+        # One read of the buffer: a Queue's feeder thread may move the storage to shared
+        # memory (share_memory_ swaps _data) while this view is worked out.
+        data = self._storage._data
+        base = self._numpy_over(data)
         if not isinstance(index, tuple):
             index = (index,)
         if any(isinstance(i, slice) and i.step == 0 for i in index):
@@ -230,10 +235,10 @@ class Tensor:
         if Ellipsis not in index:
             index = index + (Ellipsis,)  # keeps a full integer index a 0-d view, as torch does
         view = base[index]
-        if not np.shares_memory(view, self._storage._data) and view.size:
+        if not np.shares_memory(view, data) and view.size:
             # Advanced (fancy) indexing copies, in torch as in numpy: a new private storage.
             return from_numpy(np.ascontiguousarray(view))
-        return _view_of(self._storage, view)
+        return _view_of(self._storage, view, data)
 
     def __setitem__(self, index, value) -> None:
         self.numpy()[index] = np.asarray(value)
@@ -270,10 +275,11 @@ def _rebuild_plain(arr: np.ndarray) -> Tensor:
     return from_numpy(arr)
 
 
-def _view_of(storage: UntypedStorage, view: np.ndarray) -> Tensor:
-    """Describe a numpy view over ``storage`` as (offset, shape, strides) in elements."""
+def _view_of(storage: UntypedStorage, view: np.ndarray, data: np.ndarray) -> Tensor:
+    """Describe a numpy view of ``data`` (the storage's buffer when the view was taken) as
+    (offset, shape, strides) in elements."""
     size = view.dtype.itemsize
-    start = view.__array_interface__["data"][0] - storage.data_ptr() if storage.nbytes() else 0
+    start = view.__array_interface__["data"][0] - data.ctypes.data if data.size else 0
     return Tensor(storage, start // size, view.shape, [s // size for s in view.strides], view.dtype)
 
 

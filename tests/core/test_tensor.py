@@ -3,8 +3,12 @@
 Mirrors: torch.Tensor (metadata) and torch.UntypedStorage, as a learner calls them.
 """
 
+import sys
+import threading
+
 import numpy as np
 import pytest
+import torch
 
 import shmlab
 
@@ -46,6 +50,33 @@ def test_share_memory_in_place_keeps_views_and_data():
     assert t.numpy()[2, 0] == 5.0  # and views follow the storage into shared memory
     s = t.untyped_storage()
     assert s.nbytes() == 64 and s.is_shared() and s.share_memory_() is s
+
+
+@pytest.mark.timeout(120)
+def test_slicing_while_another_thread_shares_gives_the_right_view_like_torch():
+    """A Queue's feeder thread pickles, so share_memory_() can swap the buffer while the
+    main thread slices the same tensor (notebook 04 does put(x[:10]); put(x[10:])). The view
+    must be worked out from one buffer: a view computed against the old buffer and the new
+    data_ptr() once came out with an offset of -11466804002742."""
+    old_interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as CPython allows: widens the window
+    try:
+        for lib, make in (("torch", lambda: torch.arange(20, dtype=torch.float32)),
+                          ("shmlab", lambda: shmlab.from_numpy(np.arange(20, dtype=np.float32)))):
+            wrong = []
+            for _ in range(200):
+                x = make()
+                sharer = threading.Thread(target=x.share_memory_)
+                sharer.start()
+                for _ in range(50):
+                    v = x[10:]
+                    if v.storage_offset() != 10 or float(v[0].item()) != 10.0:
+                        wrong.append(v.storage_offset())
+                sharer.join()
+                assert x.is_shared()
+            assert wrong == [], (lib, wrong[:5])
+    finally:
+        sys.setswitchinterval(old_interval)
 
 
 def test_empty_and_zeros():
