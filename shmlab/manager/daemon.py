@@ -143,9 +143,14 @@ class Manager:
             self.server.bind(self.path)  # fails if the path is over 107 bytes (long TMPDIR)
             self.server.listen(socket.SOMAXCONN)  # a burst of starters must not bounce
             self.log = EventLog(self.dir, log_bytes)
-        except OSError:
+        except OSError as exc:
             self.server.close()
             shutil.rmtree(self.dir, ignore_errors=True)
+            if len(os.fsencode(self.path)) >= 108:  # sizeof(sun_path) on Linux, NUL included
+                raise OSError(f"{exc}: the socket path {self.path!r} "
+                              f"is {len(os.fsencode(self.path))} bytes, and a UNIX socket's "
+                              "path must fit in 107; set TMPDIR to a shorter directory "
+                              "(e.g. TMPDIR=/tmp)") from exc
             raise
         self.server.setblocking(False)
         self.sel = selectors.DefaultSelector()

@@ -420,4 +420,5 @@ def test_a_socket_path_too_long_is_an_error_line_and_leaves_no_directory(tmp_pat
     out = subprocess.run([sys.executable, "-m", "shmlab.manager"], capture_output=True,
                          text=True, timeout=10, env=dict(os.environ, TMPDIR=str(deep)))
     assert out.returncode == 1 and out.stdout.startswith("ERROR: "), out.stdout
+    assert "set TMPDIR to a shorter directory" in out.stdout  # says what to do next
     assert list(deep.iterdir()) == []  # the half-made private directory was removed
