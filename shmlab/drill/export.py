@@ -11,6 +11,13 @@ from __future__ import annotations
 
 import csv
 import html
+import itertools
+import json
+import os
+import sqlite3
+import tempfile
+import time
+import zipfile
 
 from . import bank
 
@@ -60,5 +67,23 @@ def to_anki(cards, path) -> int:
         deck.add_note(genanki.Note(model=model, fields=values, guid=genanki.guid_for(row["id"]),
                                    tags=[row["question"], row["level"]]))
         n += 1
-    genanki.Package(deck).write_to_file(str(path))
+    _write_package(genanki.Package(deck), path)
     return n
+
+
+def _write_package(package, path) -> None:
+    """genanki's Package.write_to_file(path), less its leak: it builds the collection in a
+    tempfile.mkstemp() file it never removes (genanki 0.13.1), one per export left in TMPDIR.
+    The same steps, in a directory of ours that goes when the deck is written."""
+    with tempfile.TemporaryDirectory(prefix="shmlab-anki-") as tmp:
+        db = os.path.join(tmp, "collection.anki2")
+        conn = sqlite3.connect(db)
+        try:
+            now = time.time()
+            package.write_to_db(conn.cursor(), now, itertools.count(int(now * 1000)))
+            conn.commit()
+        finally:
+            conn.close()
+        with zipfile.ZipFile(path, "w") as out:
+            out.write(db, "collection.anki2")
+            out.writestr("media", json.dumps({}))  # no media files
