@@ -25,6 +25,7 @@ import multiprocessing
 import os
 import shutil
 import signal
+import socket
 import sys
 import tempfile
 import time
@@ -104,6 +105,8 @@ class Session:
         self._ipython = _ipython()
         if self._ipython is not None:  # an edited worker module is fresh in the kernel too
             self._ipython.events.register("pre_run_cell", self._refresh_workers)
+        self._dirs_before = set(_manager_dirs())
+        self.removed_dirs: list[str] = []  # close(): socket directories of killed managers
         self.closed = False
         atexit.register(self.close)
 
@@ -246,9 +249,20 @@ class Session:
         while any(self.leftovers().values()) and time.monotonic() < deadline:
             time.sleep(0.1)
         self._remove_code_dir()
+        self._remove_dead_manager_dirs()
         self.closed = True
         atexit.unregister(self.close)
         return self.leftovers()
+
+    def _remove_dead_manager_dirs(self) -> None:
+        """A manager removes its socket's directory when it exits; one that was SIGKILLed (the
+        notebooks kill some on purpose) cannot. Remove those that appeared during this session
+        and that no live socket is bound in (/proc/net/unix), so nothing is left in TMPDIR."""
+        bound = _bound_unix_paths()
+        for path in sorted(set(_manager_dirs()) - self._dirs_before):
+            if not any(p.startswith(path + os.sep) for p in bound) and _nobody_listens(path):
+                shutil.rmtree(path, ignore_errors=True)
+                self.removed_dirs.append(path)
 
     def worker_modules(self) -> list[str]:
         """The names of the imported modules this notebook wrote into ``code_dir``."""
@@ -287,6 +301,48 @@ class Session:
         print("left in /dev/shm:", left["files"] or "nothing",
               "| managers left:", left["managers"] or "none",
               "| child processes left:", left["children"] or "none")
+        if self.removed_dirs:
+            print(f"removed {len(self.removed_dirs)} socket directories of killed managers "
+                  "(a SIGKILLed manager cannot remove its own):",
+                  ", ".join(os.path.basename(d) for d in self.removed_dirs))
+
+
+MANAGER_DIR_PREFIXES = ("torch-shm-dir-", "shmlab-shm-dir-")  # torch's and shmlab's, in TMPDIR
+
+
+def _manager_dirs() -> list[str]:
+    tmp = tempfile.gettempdir()
+    try:
+        return [os.path.join(tmp, n) for n in os.listdir(tmp) if n.startswith(MANAGER_DIR_PREFIXES)]
+    except OSError:
+        return []
+
+
+def _bound_unix_paths() -> set[str]:
+    """The paths of the UNIX sockets bound in this network namespace (/proc/net/unix's last
+    column): a live manager's socket is among them, without our connecting to it."""
+    try:
+        with open("/proc/net/unix") as f:
+            next(f)  # the header
+            return {parts[7] for parts in map(str.split, f) if len(parts) >= 8}
+    except OSError:
+        return set()  # then _nobody_listens() decides alone
+
+
+def _nobody_listens(path: str) -> bool:
+    """No socket in ``path`` accepts a connection: its manager is dead. A manager in another
+    network namespace is missing from our /proc/net/unix but still accepts (a path-named
+    socket is found through the file system), so it is kept."""
+    for name in os.listdir(path) if os.path.isdir(path) else ():
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.connect(os.path.join(path, name))
+            return False  # someone answered
+        except OSError:
+            pass  # ECONNREFUSED (a dead socket file), ENOTSOCK (the event log), ...
+        finally:
+            sock.close()
+    return True
 
 
 def _ipython():
