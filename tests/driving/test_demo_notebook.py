@@ -100,7 +100,11 @@ def test_side_by_side_runs_each_library_in_its_own_thread():
         both.wait()
         return lib, threading.get_ident()
 
-    out = Session().side_by_side(scenario)
+    session = Session()
+    try:
+        out = session.side_by_side(scenario)
+    finally:
+        session.close()
     assert [out[lib][0] for lib in notebook.LIBS] == list(notebook.LIBS)
     assert out["torch"][1] != out["shmlab"][1]
 

@@ -27,6 +27,7 @@ import site
 import subprocess
 import sys
 import sysconfig
+import tempfile
 import time
 from pathlib import Path
 
@@ -105,14 +106,18 @@ def _kernel_of(autograded: Path) -> str:
 
 @pytest.mark.skipif(sys.version_info < (3, 11), reason="nbgrader 0.9.6 needs Python >= 3.11")
 def test_nbgrader_generates_and_autogrades_a_lab_unchanged(tmp_path):
+    # nbgrader 0.9.6 leaves six tempfile.mkdtemp() directories behind per autograde: it gets a
+    # TMPDIR of its own that goes with the rest. A short one: the lab's checks bind UNIX
+    # sockets in it, and a socket's path must fit in 107 bytes (tmp_path's is too deep).
+    scratch = Path(tempfile.mkdtemp(prefix="nbg-"))
     try:
-        _generate_and_autograde(tmp_path)
+        _generate_and_autograde(tmp_path, scratch)
     finally:  # the venv and the course (about 60 MB) go at once, not with pytest's tmp
-        for folder in tmp_path.iterdir():
+        for folder in [*tmp_path.iterdir(), scratch]:
             shutil.rmtree(folder, ignore_errors=True)
 
 
-def _generate_and_autograde(tmp_path: Path) -> None:
+def _generate_and_autograde(tmp_path: Path, scratch: Path) -> None:
     started = time.monotonic()
     vpy = _throwaway_venv(tmp_path / "venv")
     wheels = tmp_path / "wheels"
@@ -131,7 +136,7 @@ def _generate_and_autograde(tmp_path: Path) -> None:
                                                  env.get("PYTHONPATH")])),
         JUPYTER_CONFIG_DIR=str(jupyter / "config"), JUPYTER_DATA_DIR=str(jupyter / "data"),
         JUPYTER_RUNTIME_DIR=str(jupyter / "runtime"), JUPYTER_PATH="",
-        IPYTHONDIR=str(jupyter / "ipython"))
+        IPYTHONDIR=str(jupyter / "ipython"), TMPDIR=str(scratch))
     course = tmp_path / "course"
     _run([vpy, "-m", "shmlab.labs", "nbgrader-course", course], timeout=120, env=env)
 
