@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
@@ -99,6 +100,54 @@ def _orphaned_manager(env: dict, dirs: list[str]) -> int:
     assert out[1].endswith("/manager.sock"), out
     dirs.append(os.path.dirname(out[1]))  # a SIGKILLed manager cannot remove its directory
     return int(out[0])
+
+
+TMP_TESTS = """
+import multiprocessing.util, os, tempfile
+
+def test_leaks_a_directory():
+    with open(os.path.join(os.environ["OUT"], "leaked_dir"), "w") as f:
+        f.write(tempfile.mkdtemp())
+
+def test_torch_leaves_an_error_file():
+    fd, path = tempfile.mkstemp(prefix="pytorch-errorfile-", suffix=".pickle")
+    os.close(fd)  # what torch.multiprocessing.spawn leaves when a rank raises
+    with open(os.path.join(os.environ["OUT"], "errorfile"), "w") as f:
+        f.write(path)
+
+def test_own_multiprocessing_tempdir_is_kept():
+    assert os.path.isdir(multiprocessing.util.get_temp_dir())  # made once, removed at exit
+
+def test_cleans_up_after_itself():
+    os.rmdir(tempfile.mkdtemp())
+    with open(os.path.join(os.environ["OUT"], "tmpdir"), "w") as f:
+        f.write(tempfile.gettempdir())
+"""
+
+
+@pytest.mark.timeout(120)
+def test_leakcheck_fails_a_test_that_leaves_an_entry_in_tmpdir(pytester, monkeypatch):
+    """Note [A TMPDIR per run and per worker]: a test's leftover directory fails it and goes;
+    torch's own leftovers are removed and named, not failed; the run's TMPDIR goes at the end."""
+    pytester.makepyfile(test_tmp=TMP_TESTS)
+    monkeypatch.setenv("PYTHONPATH", str(TESTS), prepend=os.pathsep)
+    monkeypatch.setenv("SHMLAB_LEAKCHECK_GRACE", "0.5")
+    monkeypatch.setenv("OUT", str(pytester.path))
+    result = pytester.runpytest_subprocess("-p", "support.leakcheck", "-p", "no:cacheprovider",
+                                           "-v")
+    result.assert_outcomes(passed=4, errors=1)
+    leaked = (pytester.path / "leaked_dir").read_text()
+    result.stdout.fnmatch_lines(["*ERROR at teardown of test_leaks_a_directory*",
+                                 f"*$TMPDIR/{os.path.basename(leaked)}*",
+                                 "*torch's own leftovers in TMPDIR*",
+                                 "*test_torch_leaves_an_error_file: pytorch-errorfile-*.pickle"])
+    result.stdout.no_fnmatch_line("*ERROR at teardown of test_torch_leaves_an_error_file*")
+    run_tmpdir = (pytester.path / "tmpdir").read_text()
+    assert os.path.dirname(leaked) == run_tmpdir != tempfile.gettempdir()  # a TMPDIR of its own
+    assert os.path.basename(run_tmpdir).startswith("slt")
+    assert not os.path.exists(leaked) and not os.path.exists(
+        (pytester.path / "errorfile").read_text())
+    assert not os.path.exists(run_tmpdir), "the run's TMPDIR should go at the end of the run"
 
 
 @pytest.mark.timeout(90)

@@ -1,11 +1,12 @@
-"""pytest plugin: fail any test that leaves shared memory or processes behind.
+"""pytest plugin: fail any test that leaves shared memory, processes or temp files behind.
 
 Every test is watched (autouse). After it ends, new files in /dev/shm named like torch's,
 shmlab's or the stdlib's segments that this test made (Note [Whose /dev/shm file is it?]),
-new child processes of the test process, and new manager
-daemons (torch_shm_manager, shmlab.manager) get a short grace period to go away: managers
-legitimately linger ~2 s after their last client. Whatever is still there then is killed or
-unlinked, so the next test starts clean, and the test errors with a list of what leaked.
+new child processes of the test process, new manager daemons (torch_shm_manager,
+shmlab.manager) and new entries in TMPDIR (Note [A TMPDIR per run and per worker]) get a
+short grace period to go away: managers legitimately linger ~2 s after their last client.
+Whatever is still there then is killed or unlinked, so the next test starts clean, and the
+test errors with a list of what leaked.
 
 Long-lived helpers that multiprocessing starts once and keeps by design (the forkserver and
 the resource tracker) are not leaks.
@@ -75,11 +76,13 @@ import contextlib
 import json
 import os
 import secrets
+import shutil
 import signal
 import socket
 import struct
 import subprocess
 import sys
+import tempfile
 import time
 
 import psutil
@@ -266,9 +269,71 @@ def child_pids() -> set[int]:
     return pids - _persistent_helper_pids()
 
 
+# Note [A TMPDIR per run and per worker]
+# A manager makes its socket's directory in TMPDIR (shmlab-shm-dir-*, torch-shm-dir-*), and
+# notebooks, labs and helpers make theirs there too. /tmp is shared by the whole machine, so
+# "a new entry in /tmp" could be another run's or another xdist worker's. So each pytest
+# process (the controller, then each worker inside the controller's) gets a TMPDIR of its
+# own at configure time, before any test runs: every process a test starts inherits it, a
+# new entry there is this worker's, and since a worker runs one test at a time, this test's.
+# The names stay short: a UNIX socket's path must fit in 108 bytes. pytest's own temp roots
+# (pytest-of-<user>) are pytest's to keep. At the end of the run the directory goes.
+TMP_PREFIX = "slt"  # shmlab tests: slt-XXXXXXXX for a run, sltgw0-XXXXXXXX for a worker
+_PRIVATE_TMP: list[tuple[int, str]] = []  # (owner pid, path) of this process's TMPDIR
+
+
+def _private_tmpdir(tag: str) -> None:
+    parent = tempfile.gettempdir()
+    path = tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{tag}-", dir=parent)  # short: see above
+    # The parent's mode (/tmp's 1777): tests that drop to another uid must still reach a
+    # socket in here once they open its own directory on purpose.
+    os.chmod(path, os.stat(parent).st_mode & 0o7777)
+    os.environ["TMPDIR"] = path
+    tempfile.tempdir = None  # gettempdir() caches; the next call reads TMPDIR again
+    _PRIVATE_TMP.append((os.getpid(), path))
+
+
+# Kept on purpose, never a leak: torch's compile cache (one per user, reused by every run) and
+# this process's own multiprocessing temp dir (util.get_temp_dir(): made once, removed at exit).
+TMP_KEPT = ("pytest-of-", TMP_PREFIX, "torchinductor_")
+# Left by torch itself (read in site-packages/torch): torch.multiprocessing.spawn gives each
+# rank an error file that join() reads and never removes, so a failing rank leaves one; torchrun
+# makes its log directory with mkdtemp and never removes it. A test that triggers them is not
+# blamed: they are removed and named at the end of the run (TORCH_LEFT), like SEM_LEFT.
+TMP_TORCH_LEAVES = ("pytorch-errorfile-", "torchelastic_")
+TORCH_LEFT: list[tuple[str, list[str]]] = []  # (test id, torch's own leftovers it triggered)
+
+
+def _own_mp_tempdir() -> str | None:
+    from multiprocessing import process
+
+    tempdir = process.current_process()._config.get("tempdir")
+    return os.path.basename(tempdir) if tempdir else None
+
+
+def tmp_entries() -> set[str]:
+    if not _PRIVATE_TMP:
+        return set()
+    try:
+        names = os.listdir(_PRIVATE_TMP[-1][1])
+    except FileNotFoundError:
+        return set()
+    return {n for n in names if not n.startswith(TMP_KEPT)} - {_own_mp_tempdir()}
+
+
+def _remove_tmp(name: str) -> None:
+    path = os.path.join(_PRIVATE_TMP[-1][1], name)
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+
+
 def snapshot(watch: Watcher | None = None) -> dict[str, set]:
     shm = watch.poll() if watch is not None else set()
-    return {"shm": shm, "children": child_pids(), "managers": manager_pids()}
+    return {"shm": shm, "children": child_pids(), "managers": manager_pids(),
+            "tmp": tmp_entries()}
 
 
 def leftovers(before: dict[str, set], watch: Watcher | None = None) -> dict[str, set]:
@@ -295,6 +360,8 @@ def clean_up(left: dict[str, set]) -> None:
             os.unlink(os.path.join(SHM_DIR, name))
         except FileNotFoundError:
             pass
+    for name in left.get("tmp", set()):
+        _remove_tmp(name)
     # Reap our own killed children so they do not linger as zombies.
     deadline = time.monotonic() + 2
     for child in psutil.Process().children():
@@ -322,9 +389,16 @@ def _sems() -> set[str]:
         return set()
 
 
+def _blamed(left: dict[str, set]) -> bool:
+    """Something the test is blamed for is still there (torch's own leftovers are not)."""
+    return any(v for k, v in left.items() if k != "tmp") or any(
+        not n.startswith(TMP_TORCH_LEAVES) for n in left.get("tmp", ()))
+
+
 @pytest.fixture(autouse=True)
 def no_leaks(request):
-    """Fail the test if it leaves a /dev/shm segment, a child or a manager daemon behind."""
+    """Fail the test if it leaves a /dev/shm segment, a child, a manager daemon or an entry
+    in TMPDIR behind."""
     if request.node.get_closest_marker("allow_leaks"):
         yield
         return
@@ -336,18 +410,26 @@ def no_leaks(request):
         yield
         deadline = time.monotonic() + GRACE_S
         left = leftovers(before, watch)
-        while left and time.monotonic() < deadline:
+        while _blamed(left) and time.monotonic() < deadline:
             time.sleep(0.05)
             left = leftovers(before, watch)
     finally:
         watch.end()
     if sem_left := sorted(_sems() - sems):
         SEM_LEFT.append((request.node.nodeid, sem_left))
+    if torch_left := sorted(n for n in left.get("tmp", ()) if n.startswith(TMP_TORCH_LEAVES)):
+        TORCH_LEFT.append((request.node.nodeid, torch_left))
+        for name in torch_left:
+            _remove_tmp(name)
+        left["tmp"] -= set(torch_left)
+        left = {k: v for k, v in left.items() if v}
     if not left:
         return
     lines = []
     for name in sorted(left.get("shm", ())):
         lines.append(f"  /dev/shm/{name}")
+    for name in sorted(left.get("tmp", ())):
+        lines.append(f"  $TMPDIR/{name}")
     for pid in sorted(left.get("children", set()) | left.get("managers", set())):
         lines.append(f"  process {_describe(pid)}")
     clean_up(left)
@@ -358,10 +440,15 @@ def no_leaks(request):
 
 
 def pytest_terminal_summary(terminalreporter):
-    """Name the tests after which a multiprocessing semaphore was still in /dev/shm."""
+    """Name the tests after which a multiprocessing semaphore was still in /dev/shm, and those
+    that made torch leave files in TMPDIR."""
     if SEM_LEFT:
         terminalreporter.section("sem.mp-* left after a test (reported, not failed)")
         for nodeid, names in SEM_LEFT:
+            terminalreporter.write_line(f"{nodeid}: {', '.join(names)}")
+    if TORCH_LEFT:
+        terminalreporter.section("torch's own leftovers in TMPDIR, removed (reported, not failed)")
+        for nodeid, names in TORCH_LEFT:
             terminalreporter.write_line(f"{nodeid}: {', '.join(names)}")
 
 
@@ -372,6 +459,13 @@ def pytest_configure(config):
     worker = getattr(config, "workerinput", {}).get("workerid")
     if worker is not None:
         _run_of_its_own(worker)
+    _private_tmpdir(worker or "")
+
+
+def pytest_unconfigure(config):
+    for owner, path in _PRIVATE_TMP:
+        if owner == os.getpid():
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def _run_of_its_own(worker: str) -> None:
