@@ -35,8 +35,19 @@ def _html(text: str) -> str:
             parts[i] = f"<code>{part}</code>"
         else:
             part = re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", part)
-            parts[i] = re.sub(r"(?<![\w*])\*(\S[^*]*?)\*(?![\w*])", r"<i>\1</i>", part)
+            # ASCII word characters only: Chinese has no spaces, so *前台进程组* sits between
+            # Han characters, which Python's \w would count as a word and leave unrendered
+            parts[i] = re.sub(r"(?<![A-Za-z0-9_*])\*(\S[^*]*?)\*(?![A-Za-z0-9_*])", r"<i>\1</i>",
+                              part)
     return "".join(parts).replace("\n", "<br>")
+
+
+# JupyterLab's theme variables (fallbacks: its light theme), so the light and the dark theme both
+# read: a hard-coded light grey glares on a dark page, and dark red vanishes into it.
+_BAR = "background:var(--jp-layout-color3,#bdbdbd);border:1px solid var(--jp-border-color1,#bdbdbd)"
+_KNOWN = "var(--jp-success-color1,#388e3c)"
+_SEEN = "var(--jp-brand-color2,#64b5f6)"
+_WRONG = "color:var(--jp-error-color1,#d32f2f)"
 
 
 def progress_html(progress: dict) -> str:
@@ -52,9 +63,9 @@ def progress_html(progress: dict) -> str:
             f'<div class="shmlab-drill-bar" data-question="{q}" data-known="{row["known"]}" '
             f'data-seen="{row["seen"]}" data-total="{row["total"]}" style="display:flex;'
             f'align-items:center;gap:6px;margin:2px 0"><span style="width:52px">{q}</span>'
-            f'<span style="display:flex;width:240px;height:12px;background:#eee">'
-            f'<span style="width:{known:.1f}%;background:#2a7"></span>'
-            f'<span style="width:{seen:.1f}%;background:#9cd"></span></span>'
+            f'<span style="display:flex;width:240px;height:12px;{_BAR}">'
+            f'<span style="width:{known:.1f}%;background:{_KNOWN}"></span>'
+            f'<span style="width:{seen:.1f}%;background:{_SEEN}"></span></span>'
             f'<span>{row["known"]}/{row["total"]} known · {row["seen"]} seen</span></div>')
     return '<div class="shmlab-drill-progress">' + "".join(rows) + "</div>"
 
@@ -155,7 +166,7 @@ class Quiz:
 
     def _answer_html(self, card) -> str:
         return (f"<div>{_html(card.text('answer', self.lang))}</div>"
-                f"<p style='color:#a33'>✗ {_html(card.text('wrong', self.lang))}<br>"
+                f"<p style='{_WRONG}'>✗ {_html(card.text('wrong', self.lang))}<br>"
                 f"→ {_html(card.text('why_wrong', self.lang))}</p>"
                 f"<p><a href='{html.escape(card.link)}' target='_blank'>"
                 f"{html.escape(card.link.split('#')[0])} § "
