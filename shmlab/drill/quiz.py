@@ -24,7 +24,14 @@ from .deck import Deck
 from .schedule import GRADES
 
 LANGS = {"中文": "zh", "English": "en", "both": "both"}
-GRADE_STYLE = {"again": "danger", "hard": "warning", "good": "info", "easy": "success"}
+# The grade buttons keep the theme's button colours (white on ipywidgets' orange, teal or green
+# is below WCAG AA's 4.5:1) and carry their meaning in a coloured bar under the label instead.
+GRADE_BAR = {"again": "--jp-error-color1", "hard": "--jp-warn-color1",
+             "good": "--jp-info-color1", "easy": "--jp-success-color1"}
+STYLE = "<style>" + "".join(
+    f".shmlab-drill-grade-{g}{{box-shadow:inset 0 -3px var({v})}}" for g, v in GRADE_BAR.items()
+) + ".shmlab-drill{max-width:100%;overflow:hidden}.shmlab-drill textarea{box-sizing:border-box}"
+STYLE += "</style>"
 
 
 def _html(text: str) -> str:
@@ -128,7 +135,7 @@ class Quiz:
         self.answer = w.HTML()
         self.grade_buttons = []
         for g in GRADES:
-            b = w.Button(description=g, button_style=GRADE_STYLE[g])
+            b = w.Button(description=g)
             b.on_click(lambda _, g=g: self.grade(g))
             b.add_class(f"shmlab-drill-grade-{g}")
             self.grade_buttons.append(b)
@@ -160,7 +167,7 @@ class Quiz:
             b.disabled = done or not self.revealed
         self.status.value = (f"<small>graded this session: {self.deck.answered} · "
                              f"session {self.deck.sessions}</small>")
-        self.chart.value = progress_html(self.deck.progress())
+        self.chart.value = STYLE + progress_html(self.deck.progress())
         if not self.revealed:
             self.answer_box.value = ""
 

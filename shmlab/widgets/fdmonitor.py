@@ -19,6 +19,12 @@ from ._live import CSS, DEFAULT_HZ, PALETTE, LiveView, svg_chart, table, text_ta
 KINDS = introspect.FD_KINDS  # shm-deleted, shm-named, socket, pipe, file, other
 
 
+def _swatch(colour: str) -> str:
+    """A line's colour key: a filled box, not a coloured character (it is no text to read)."""
+    return (f'<span class="shmlab-swatch" style="display:inline-block;width:.75em;height:.75em;'
+            f'background:{colour}"></span>')
+
+
 class FdMonitor(LiveView, W.HBox):
     """Live fd counts of the kernel and its descendants (``monitor.current[pid]['total']``)."""
 
@@ -85,8 +91,8 @@ class FdMonitor(LiveView, W.HBox):
             gone = pid not in self.current
             name = html.escape(str(self.labels.get(pid, f"pid {pid}")))
             items.append(f'<span class="{"gone" if gone else ""}" data-pid="{pid}">'
-                         f'<span style="color:{self._colours.get(pid, PALETTE[0])}">&#9632;'
-                         f"</span> {name}{' (exited)' if gone else ''}</span>")
+                         f"{_swatch(self._colours.get(pid, PALETTE[0]))} {name}"
+                         f"{' (exited)' if gone else ''}</span>")
         kinds = "" if not self.by_kind else (
             '<span class="gone">dash pattern = fd kind (hover a line)</span>')
         return f'<div class="shmlab-legend shmlab-fd-legend">{"".join(items)}{kinds}</div>'
@@ -95,7 +101,7 @@ class FdMonitor(LiveView, W.HBox):
         rows, pids = [], sorted(self.current, key=lambda p: (p != os.getpid(), p))
         for pid in pids:
             c = self.current[pid]
-            swatch = f'<span style="color:{self._colours[pid]}">&#9632;</span>'
+            swatch = _swatch(self._colours[pid])
             rows.append([f"{swatch} {html.escape(self.labels[pid])}",
                          f'<span class="shmlab-fd-total" data-pid="{pid}">{c["total"]}</span>',
                          *(str(c[k]) for k in KINDS)])
