@@ -30,8 +30,7 @@ GRADE_BAR = {"again": "--jp-error-color1", "hard": "--jp-warn-color1",
              "good": "--jp-info-color1", "easy": "--jp-success-color1"}
 STYLE = "<style>" + "".join(
     f".shmlab-drill-grade-{g}{{box-shadow:inset 0 -3px var({v})}}" for g, v in GRADE_BAR.items()
-) + ".shmlab-drill{max-width:100%;overflow:hidden}.shmlab-drill textarea{box-sizing:border-box}"
-STYLE += "</style>"
+) + "</style>"
 
 
 def _html(text: str) -> str:
@@ -129,7 +128,9 @@ class Quiz:
         self.lang_buttons.observe(lambda ch: self.set_lang(LANGS[ch["new"]]), names="value")
         self.question = w.HTML()
         self.answer_box = w.Textarea(placeholder="your answer / 你的回答 (optional)",
-                                     layout=w.Layout(width="100%", height="70px"))
+                                     # auto: the column's width less the widget's
+                                     # margins; 100% plus the margins scrolled sideways
+                                     layout=w.Layout(width="auto", height="70px"))
         self.reveal_button = w.Button(description="Reveal / 显示答案", button_style="primary")
         self.reveal_button.on_click(lambda _: self.reveal())
         self.answer = w.HTML()
