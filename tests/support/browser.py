@@ -6,8 +6,11 @@ the DOM). Playwright (Python) drives /usr/bin/chromium, never a browser it downl
 Without Chromium (or Playwright) a test skips, except under CI=true, where it fails.
 
 Used by test_browser.py (the Dashboard), test_browser_drill.py (the Quiz) and
-test_browser_diagrams.py (the Mermaid diagrams). A test module imports the `lab` fixture from
-here (pytest finds fixtures in the module's namespace).
+test_browser_diagrams.py (the Mermaid diagrams), test_browser_widgets.py (notebooks 00 and 04)
+and test_browser_labs.py (a lab's check output). A test module imports the `lab` and `lab_root`
+fixtures from here (pytest finds fixtures in the module's namespace; `lab` needs `lab_root`),
+or defines its own `lab_root` to serve another folder. The helpers at the end switch the theme,
+measure text contrast (WCAG) and look for widgets JupyterLab could not show.
 """
 
 from __future__ import annotations
