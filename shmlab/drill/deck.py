@@ -20,7 +20,8 @@ class Deck:
                       if not questions or c.question in questions}
         saved = state.load()
         self.sessions = saved["sessions"] + 1
-        self.scheduler = Scheduler(self.cards, saved["cards"], seed=seed)
+        self.scheduler = Scheduler(self.cards, saved["cards"], seed=seed, kinds={
+            c.id: (c.question, c.level) for c in self.cards.values()})
         self.clock = clock
         self.limit = limit          # at most this many answers this session (None: no limit)
         self.answered = 0

@@ -24,7 +24,13 @@ from .deck import Deck
 from .schedule import GRADES
 
 LANGS = {"中文": "zh", "English": "en", "both": "both"}
-GRADE_STYLE = {"again": "danger", "hard": "warning", "good": "info", "easy": "success"}
+# The grade buttons keep the theme's button colours (white on ipywidgets' orange, teal or green
+# is below WCAG AA's 4.5:1) and carry their meaning in a coloured bar under the label instead.
+GRADE_BAR = {"again": "--jp-error-color1", "hard": "--jp-warn-color1",
+             "good": "--jp-info-color1", "easy": "--jp-success-color1"}
+STYLE = "<style>" + "".join(
+    f".shmlab-drill-grade-{g}{{box-shadow:inset 0 -3px var({v})}}" for g, v in GRADE_BAR.items()
+) + "</style>"
 
 
 def _html(text: str) -> str:
@@ -35,8 +41,19 @@ def _html(text: str) -> str:
             parts[i] = f"<code>{part}</code>"
         else:
             part = re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", part)
-            parts[i] = re.sub(r"(?<![\w*])\*(\S[^*]*?)\*(?![\w*])", r"<i>\1</i>", part)
+            # ASCII word characters only: Chinese has no spaces, so *前台进程组* sits between
+            # Han characters, which Python's \w would count as a word and leave unrendered
+            parts[i] = re.sub(r"(?<![A-Za-z0-9_*])\*(\S[^*]*?)\*(?![A-Za-z0-9_*])", r"<i>\1</i>",
+                              part)
     return "".join(parts).replace("\n", "<br>")
+
+
+# JupyterLab's theme variables (fallbacks: its light theme), so the light and the dark theme both
+# read: a hard-coded light grey glares on a dark page, and dark red vanishes into it.
+_BAR = "background:var(--jp-layout-color3,#bdbdbd);border:1px solid var(--jp-border-color1,#bdbdbd)"
+_KNOWN = "var(--jp-success-color1,#388e3c)"
+_SEEN = "var(--jp-brand-color2,#64b5f6)"
+_WRONG = "color:var(--jp-error-color1,#d32f2f)"
 
 
 def progress_html(progress: dict) -> str:
@@ -52,9 +69,9 @@ def progress_html(progress: dict) -> str:
             f'<div class="shmlab-drill-bar" data-question="{q}" data-known="{row["known"]}" '
             f'data-seen="{row["seen"]}" data-total="{row["total"]}" style="display:flex;'
             f'align-items:center;gap:6px;margin:2px 0"><span style="width:52px">{q}</span>'
-            f'<span style="display:flex;width:240px;height:12px;background:#eee">'
-            f'<span style="width:{known:.1f}%;background:#2a7"></span>'
-            f'<span style="width:{seen:.1f}%;background:#9cd"></span></span>'
+            f'<span style="display:flex;width:240px;height:12px;{_BAR}">'
+            f'<span style="width:{known:.1f}%;background:{_KNOWN}"></span>'
+            f'<span style="width:{seen:.1f}%;background:{_SEEN}"></span></span>'
             f'<span>{row["known"]}/{row["total"]} known · {row["seen"]} seen</span></div>')
     return '<div class="shmlab-drill-progress">' + "".join(rows) + "</div>"
 
@@ -111,13 +128,15 @@ class Quiz:
         self.lang_buttons.observe(lambda ch: self.set_lang(LANGS[ch["new"]]), names="value")
         self.question = w.HTML()
         self.answer_box = w.Textarea(placeholder="your answer / 你的回答 (optional)",
-                                     layout=w.Layout(width="100%", height="70px"))
+                                     # auto: the column's width less the widget's
+                                     # margins; 100% plus the margins scrolled sideways
+                                     layout=w.Layout(width="auto", height="70px"))
         self.reveal_button = w.Button(description="Reveal / 显示答案", button_style="primary")
         self.reveal_button.on_click(lambda _: self.reveal())
         self.answer = w.HTML()
         self.grade_buttons = []
         for g in GRADES:
-            b = w.Button(description=g, button_style=GRADE_STYLE[g])
+            b = w.Button(description=g)
             b.on_click(lambda _, g=g: self.grade(g))
             b.add_class(f"shmlab-drill-grade-{g}")
             self.grade_buttons.append(b)
@@ -149,13 +168,13 @@ class Quiz:
             b.disabled = done or not self.revealed
         self.status.value = (f"<small>graded this session: {self.deck.answered} · "
                              f"session {self.deck.sessions}</small>")
-        self.chart.value = progress_html(self.deck.progress())
+        self.chart.value = STYLE + progress_html(self.deck.progress())
         if not self.revealed:
             self.answer_box.value = ""
 
     def _answer_html(self, card) -> str:
         return (f"<div>{_html(card.text('answer', self.lang))}</div>"
-                f"<p style='color:#a33'>✗ {_html(card.text('wrong', self.lang))}<br>"
+                f"<p style='{_WRONG}'>✗ {_html(card.text('wrong', self.lang))}<br>"
                 f"→ {_html(card.text('why_wrong', self.lang))}</p>"
                 f"<p><a href='{html.escape(card.link)}' target='_blank'>"
                 f"{html.escape(card.link.split('#')[0])} § "

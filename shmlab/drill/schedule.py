@@ -13,7 +13,10 @@ in by the caller (`now`), never read here, so tests run the calendar forward by 
 
 Which card next: the most overdue due card; if none is due, a new card, in an order shuffled
 once by `seed` (so two schedulers with the same seed and the same grades ask the same cards in
-the same order); if there is no new card either, the card due soonest within LOOK_AHEAD seconds
+the same order). Given each card's question and level (`kinds`), a fresh deck asks the
+foundation (junior) cards first, taking the questions in turn (Q3, Q1, Q5, Q2, ...), so the first
+few cards are neither all about one question nor the hard ones; then the senior cards the same
+way. If there is no new card either, the card due soonest within LOOK_AHEAD seconds
 (an "again" card of this session). Otherwise the session is done for today.
 """
 
@@ -33,11 +36,13 @@ class Scheduler:
     """The review state of a deck. `state` maps card id -> {"box", "due", "reviews", "last"}
     and is plain JSON, so it is what shmlab.drill.state saves."""
 
-    def __init__(self, card_ids, state=None, seed=0):
+    def __init__(self, card_ids, state=None, seed=0, kinds=None):
         self.ids = list(card_ids)
         self.state = {k: dict(v) for k, v in (state or {}).items()}
         self.new_order = sorted(self.ids)
         random.Random(seed).shuffle(self.new_order)
+        if kinds:  # {card id: (question, level)}: foundations first, questions in turn
+            self.new_order = interleave(self.new_order, kinds)
 
     def grade(self, card_id: str, grade: str, now: float) -> dict:
         """Record one answer; returns the card's new state."""
@@ -80,3 +85,24 @@ class Scheduler:
                 row["seen"] += 1
                 row["known"] += self.state[card_id]["box"] >= KNOWN_BOX
         return out
+
+
+FOUNDATION = "junior"  # the level asked first in a fresh deck
+
+
+def interleave(order: list, kinds: dict) -> list:
+    """``order`` (already shuffled) regrouped: every foundation card before any other, and
+    within each level one card per question in turn, the questions in order of first
+    appearance (so the shuffle still decides which question comes first)."""
+    out = []
+    for foundation in (True, False):
+        queues: dict = {}
+        for k in order:
+            question, level = kinds.get(k, ("", ""))
+            if (level == FOUNDATION) == foundation:
+                queues.setdefault(question, []).append(k)
+        while any(queues.values()):
+            for q in list(queues):
+                if queues[q]:
+                    out.append(queues[q].pop(0))
+    return out

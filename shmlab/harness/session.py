@@ -172,7 +172,9 @@ class Session:
         self._groups.append(pgid)
 
     def widget(self, make, **kwargs):
-        """``show_widget(make, **kwargs)``, and close the widget in close()."""
+        """``show_widget(make, **kwargs)``, and stop the widget in close(): its refresh thread
+        ends, its last picture stays (closing it would blank the output, and JupyterLab would
+        show "model not found" where the learner was told to look)."""
         w = show_widget(make, **kwargs)
         if w is not None:
             self._widgets.append(w)
@@ -212,7 +214,7 @@ class Session:
                 pass  # nobody left in the group
         for w in self._widgets:
             try:
-                w.close()
+                (getattr(w, "stop", None) or w.close)()  # a live view: stop; else close
             except Exception:  # noqa: BLE001, S110 - a widget that is already closed
                 pass
         for pool in self._pools:

@@ -1,8 +1,19 @@
-"""One line per case, ✅ or ❌ with a hint, and an AssertionError if any case failed."""
+"""One line per case, ✅ or ❌ with a hint, and an AssertionError if any case failed.
+
+Note [A check's output is the hint, not a traceback]
+In JupyterLab a failed check would end in a traceback through this file (and, for an unfinished
+answer, a second one chained to it: ~40 lines under the one-line hint). The lines printed above
+it already say what failed and why, so in an IPython kernel (``_install_hints``) a failed
+check's AssertionError shows as one line, and a check cell run before its answer cell (a
+NameError naming the learner's function) says which cell to run. It is still an error: Run All
+stops there, and the grader (plain Python, no IPython) sees the same AssertionError as before.
+"""
 
 from __future__ import annotations
 
+import linecache
 import os
+import re
 import threading
 import traceback
 
@@ -56,8 +67,10 @@ class Cases:
         total = self.passed + len(self.failed)
         print(f"  {self.passed}/{total} cases passed")
         if self.failed:
-            raise AssertionError(f"{self.title}: {len(self.failed)} case(s) failed: "
+            err = AssertionError(f"{self.title}: {len(self.failed)} case(s) failed: "
                                  + "; ".join(self.failed))
+            err.shmlab_check = True  # said above: shown without a traceback (Note above)
+            raise err from None  # the learner's exception was reported as a case already
         return exc_type is None
 
 
@@ -68,16 +81,70 @@ class Cases:
         last = traceback.format_exception_only(exc_type, exc)[-1].strip()
         frames = traceback.extract_tb(tb)
         mine = [i for i, f in enumerate(frames) if is_learner_frame(f.filename)]
-        if mine:
-            print("".join(traceback.format_list(frames[mine[0]:])) + "  " + last)
+        if mine:  # the learner's innermost line: where to look (the grader's frames are noise)
+            at = frames[mine[-1]]
+            deeper = "" if mine[-1] == len(frames) - 1 else (
+                f", inside {os.path.basename(frames[-1].filename)}")
             self.check(False, f"your code raised {last}",
-                       "the traceback above starts in your cell: fix it there")
+                       f"{_cell_name(at.filename)}, line {at.lineno}, in {at.name}{deeper}:\n"
+                       f"       {(at.line or '').strip()}")
         else:
             where = frames[-1] if frames else None
             at = f" at {os.path.basename(where.filename)}:{where.lineno}" if where else ""
             self.check(False, f"the check raised {last}{at}, after your code returned",
                        "usually your function returned something the check could not use "
                        "(an fd already closed, a name that is gone): look at what it returns")
+
+
+def _cell_name(filename: str) -> str:
+    """'Cell In[7]' for a notebook cell's code (as IPython names it), else the file's name."""
+    try:
+        from IPython import get_ipython
+
+        count = get_ipython().compile._filename_map[filename]
+        return f"your cell In[{count}]"
+    except Exception:  # noqa: BLE001 - not in IPython, or not a cell: the plain name
+        return f"your cell {filename}" if filename.startswith("<") else os.path.basename(filename)
+
+
+_CHECK_CALL = re.compile(r"\blab\d+\.check_\w+\(")
+
+
+def _hint_handler(shell, etype, value, tb, tb_offset=None):
+    """IPython's handler for AssertionError and NameError (Note [A check's output is the hint,
+    not a traceback]): short for a failed check and for a check run too early; otherwise the
+    usual traceback."""
+    short = None
+    if getattr(value, "shmlab_check", False):
+        short = f"{etype.__name__}: {value}"
+    elif issubclass(etype, NameError) and getattr(value, "name", None) and tb is not None:
+        last = tb
+        while last.tb_next is not None:  # the innermost frame: the check cell itself, if the
+            last = last.tb_next          # name was missing there and not deeper in a call
+        cell = "".join(linecache.getlines(last.tb_frame.f_code.co_filename))
+        if _CHECK_CALL.search(cell):
+            short = (f"{etype.__name__}: {value}\n❌ this check needs `{value.name}`, which "
+                     "no cell has defined yet: run the answer cell above that defines it "
+                     f"(`def {value.name}(...)`, or Run All Above), then run this check again")
+    if short is None:
+        shell.showtraceback((etype, value, tb), tb_offset=tb_offset)
+    else:
+        shell._showtraceback(etype, value, short.splitlines())
+    return None
+
+
+def _install_hints() -> None:
+    """In an IPython kernel, show failed checks without a traceback (see the Note above)."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return
+    shell = get_ipython()
+    if shell is not None and not shell.custom_exceptions:  # never replace someone's handler
+        shell.set_custom_exc((AssertionError, NameError), _hint_handler)
+
+
+_install_hints()
 
 
 def fd_count() -> int:

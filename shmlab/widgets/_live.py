@@ -35,20 +35,29 @@ from ._probe import Prober
 DEFAULT_HZ = 4.0
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
            "#17becf", "#bcbd22", "#7f7f7f")
-# Theme-aware: text keeps the theme's colour; leaked rows get a translucent red that reads on
-# white and on dark grey, and a label in the theme's own error colour.
+# Note [Colours from the theme]
+# Every text colour and background here is one of JupyterLab's theme variables (fallback: the
+# light theme's value), so the same HTML reads in the light and the dark theme: no hard-coded
+# light grey that glares on black, no dark red that vanishes into it. A leaked row gets a
+# translucent red that tints either background, its text keeps the theme's body colour (red
+# text on a red tint fails contrast in one theme or the other), and a red bar at its left.
+# Tables size to their content; long text wraps (class "w") instead of widening the table.
 CSS = """<style>
 .shmlab-table{border-collapse:collapse;font-family:var(--jp-code-font-family,monospace);
- font-size:12px;color:var(--jp-ui-font-color1,inherit)}
-.shmlab-table th,.shmlab-table td{padding:1px 6px;text-align:right;
- border-bottom:1px solid rgba(128,128,128,.3)}
-.shmlab-table td{white-space:nowrap}.shmlab-table th{font-weight:600}
+ font-size:12px;color:var(--jp-ui-font-color1,inherit);width:auto}
+.shmlab-table th,.shmlab-table td{padding:1px 5px;text-align:right;vertical-align:top;
+ border-bottom:1px solid var(--jp-border-color2,rgba(128,128,128,.3))}
+.shmlab-table td,.shmlab-table th{white-space:nowrap}.shmlab-table th{font-weight:600}
 .shmlab-shm-table{max-height:270px;overflow:auto}
 .shmlab-table td.l,.shmlab-table th.l{text-align:left}
-.shmlab-leaked td{background:rgba(229,57,53,.22);font-weight:600}
-.shmlab-leaked .shmlab-state{color:var(--jp-error-color1,#e53935)}
-.shmlab-muted{opacity:.7;font-size:12px}
-.shmlab-log{color:var(--jp-error-color1,#e53935);font-family:monospace;font-size:11px}
+.shmlab-table td.w{white-space:normal;min-width:14em;max-width:40em;overflow-wrap:anywhere}
+.shmlab-leaked td{background:rgba(229,57,53,.18);font-weight:600}
+.shmlab-leaked td:first-child{box-shadow:inset 3px 0 var(--jp-error-color1,#d32f2f)}
+.shmlab-muted{color:var(--jp-ui-font-color2,#616161);font-size:12px}
+.shmlab-log{color:var(--jp-error-color1,#d32f2f);font-family:monospace;font-size:11px}
+.shmlab-legend{display:flex;flex-wrap:wrap;gap:2px 12px;font-size:11px;max-width:520px;
+ color:var(--jp-ui-font-color1,inherit)}
+.shmlab-legend .gone{color:var(--jp-ui-font-color2,#616161)}
 </style>"""
 
 _running: weakref.WeakSet = weakref.WeakSet()
@@ -219,7 +228,7 @@ class LiveView:
 def svg_chart(series, t_now: float, window_s: float, width=520, height=210, unit="fds") -> str:
     """Lines over the last ``window_s`` seconds. ``series``: [(label, colour, [(t, y), ...], dash?)]
     where a line that ended (a process that exited) simply has no later points."""
-    left, right, top, bottom = 44, 8, 8, 22
+    left, right, top, bottom = 44, 8, 20, 22  # top: room for the axis title above "100"
     pw, ph = width - left - right, height - top - bottom
     ymax = max([y for s in series for _, y in s[2]] + [1])
     ymax = _nice(ymax * 1.1)
@@ -244,7 +253,7 @@ def svg_chart(series, t_now: float, window_s: float, width=520, height=210, unit
         dashes = f' stroke-dasharray="{dash[0]}"' if dash and dash[0] else ""
         out.append(f'<polyline fill="none" stroke="{colour}" stroke-width="1.8"{dashes} '
                    f'points="{path}"><title>{html.escape(label)}</title></polyline>')
-    out.append(f'<text x="4" y="{top + 8}" font-size="10" fill="currentColor">{unit}</text>')
+    out.append(f'<text x="4" y="12" font-size="10" fill="currentColor">{unit}</text>')
     return "".join(out) + "</svg>"
 
 
@@ -259,13 +268,18 @@ def _nice(v: float) -> float:
     return 10 * step
 
 
-def table(head, rows, row_classes=None) -> str:
-    """An HTML table; ``rows`` are lists of already-escaped cell strings."""
+def table(head, rows, row_classes=None, left=(0,), wrap=()) -> str:
+    """An HTML table; ``rows`` are lists of already-escaped cell strings. Columns in ``left``
+    are left-aligned (numbers stay right-aligned), those in ``wrap`` wrap their text."""
     classes = row_classes or [""] * len(rows)
-    th = "".join(f'<th class="{"l" if i == 0 else ""}">{h}</th>' for i, h in enumerate(head))
+
+    def cls(i):
+        return " ".join(c for c, on in (("l", i in left), ("w", i in wrap)) if on)
+
+    th = "".join(f'<th class="{cls(i)}">{h}</th>' for i, h in enumerate(head))
     body = "".join(
         f'<tr class="{c}">' + "".join(
-            f'<td class="{"l" if i == 0 else ""}">{cell}</td>' for i, cell in enumerate(r))
+            f'<td class="{cls(i)}">{cell}</td>' for i, cell in enumerate(r))
         + "</tr>" for r, c in zip(rows, classes, strict=True))  # fmt: skip
     return f'<table class="shmlab-table"><tr>{th}</tr>{body}</table>'
 

@@ -30,8 +30,9 @@ class DoctorReport(W.VBox):
         self.cleaned: dict | None = None
         self._pending: list[dict] = []  # what the confirm button would remove
         self.summary, self.table, self.question = W.HTML(), W.HTML(), W.HTML()
-        self.refresh_button = W.Button(description="Refresh", icon="refresh")
-        self.clean_button = W.Button(description="Clean leaked segments…", icon="trash")
+        auto = {"layout": W.Layout(width="auto")}  # the default 148 px cuts the label
+        self.refresh_button = W.Button(description="Refresh", icon="refresh", **auto)
+        self.clean_button = W.Button(description="Clean leaked segments…", icon="trash", **auto)
         self.confirm_button = W.Button(description="Remove them", button_style="danger")
         self.cancel_button = W.Button(description="Cancel")
         self.confirm_box = W.VBox([self.question, W.HBox([self.confirm_button,
@@ -58,7 +59,9 @@ class DoctorReport(W.VBox):
         rows = [[_MARK[f.severity], f.severity, f.check, html.escape(f.message),
                  f"<code>{html.escape(f.fix)}</code>" if f.fix else ""] for f in self.findings]
         classes = [f"shmlab-doctor-{f.severity}" for f in self.findings]
-        self.table.value = CSS + table(HEAD, rows, classes)
+        # text columns read left to right and wrap, so a long finding cannot push the short
+        # ones off-screen (the table sizes to its content, up to the output's width)
+        self.table.value = CSS + table(HEAD, rows, classes, left=(0, 1, 2, 3, 4), wrap=(3, 4))
 
     def ask_clean(self) -> None:
         """Show what a clean would remove, and wait for "Remove them" (or Cancel)."""

@@ -19,6 +19,12 @@ from ._live import CSS, DEFAULT_HZ, PALETTE, LiveView, svg_chart, table, text_ta
 KINDS = introspect.FD_KINDS  # shm-deleted, shm-named, socket, pipe, file, other
 
 
+def _swatch(colour: str) -> str:
+    """A line's colour key: a filled box, not a coloured character (it is no text to read)."""
+    return (f'<span class="shmlab-swatch" style="display:inline-block;width:.75em;height:.75em;'
+            f'background:{colour}"></span>')
+
+
 class FdMonitor(LiveView, W.HBox):
     """Live fd counts of the kernel and its descendants (``monitor.current[pid]['total']``)."""
 
@@ -27,11 +33,15 @@ class FdMonitor(LiveView, W.HBox):
         self.chart, self.numbers = W.HTML(""), W.HTML("")
         self.chart.add_class("shmlab-fd-chart")
         self.numbers.add_class("shmlab-fd-numbers")
-        super().__init__([self.chart, W.VBox([self.numbers])])
+        # side by side where there is room, the table below the chart where there is not: a
+        # table squeezed beside it scrolls sideways and cuts its last columns
+        super().__init__([self.chart, W.VBox([self.numbers])],
+                         layout=W.Layout(flex_flow="row wrap", grid_gap="4px 16px"))
         self.by_kind, self.window_s = by_kind, window_s
         self.current: dict[int, dict[str, int]] = {}  # pid -> fd counts, live processes only
         self.labels: dict[int, str] = {}  # pid -> 'kernel' | 'manager (shmlab)' | 'pid 123'
         self._colours: dict[int, str] = {}
+        self._lines: list[tuple[int, str]] = []
         self._init_live("shmlab-fd-monitor", hz, autostart, history)
         self.children[1].children = (self.numbers, self.log_line)
 
@@ -63,19 +73,35 @@ class FdMonitor(LiveView, W.HBox):
                 for kind in (KINDS if self.by_kind else ("total",)):
                     if counts[kind] or (pid, kind) in lines:
                         lines.setdefault((pid, kind), []).append((t, counts[kind]))
+        self._lines = list(lines)  # (pid, kind) drawn: the legend's entries
         dash = ("", "6,3", "2,2", "8,2,2,2", "1,3", "4,4")  # one pattern per fd kind
         dashes = dict(zip(KINDS, dash, strict=True), total="")
         return [(f"{self.labels.get(pid, pid)} {kind}", self._colours.get(pid, PALETTE[0]), pts,
                  dashes[kind]) for (pid, kind), pts in sorted(lines.items())]
 
     def _svg(self, now: float) -> str:
-        return svg_chart(self._series(), now, self.window_s, unit="open fds")
+        series = self._series()
+        return svg_chart(series, now, self.window_s, unit="open fds") + self._legend()
+
+    def _legend(self) -> str:
+        """One swatch per process drawn, those that exited too (their line just stops)."""
+        pids = sorted({pid for pid, _ in self._lines}, key=lambda p: (p != os.getpid(), p))
+        items = []
+        for pid in pids:
+            gone = pid not in self.current
+            name = html.escape(str(self.labels.get(pid, f"pid {pid}")))
+            items.append(f'<span class="{"gone" if gone else ""}" data-pid="{pid}">'
+                         f"{_swatch(self._colours.get(pid, PALETTE[0]))} {name}"
+                         f"{' (exited)' if gone else ''}</span>")
+        kinds = "" if not self.by_kind else (
+            '<span class="gone">dash pattern = fd kind (hover a line)</span>')
+        return f'<div class="shmlab-legend shmlab-fd-legend">{"".join(items)}{kinds}</div>'
 
     def _numbers_html(self, snap) -> str:
         rows, pids = [], sorted(self.current, key=lambda p: (p != os.getpid(), p))
         for pid in pids:
             c = self.current[pid]
-            swatch = f'<span style="color:{self._colours[pid]}">&#9632;</span>'
+            swatch = _swatch(self._colours[pid])
             rows.append([f"{swatch} {html.escape(self.labels[pid])}",
                          f'<span class="shmlab-fd-total" data-pid="{pid}">{c["total"]}</span>',
                          *(str(c[k]) for k in KINDS)])

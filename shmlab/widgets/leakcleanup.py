@@ -210,10 +210,17 @@ class LeakCleanup(LiveView, W.VBox):
         self.timeline.append((t, text))
 
     def _render(self, now: float) -> None:
-        lines = [f'<span class="shmlab-leak-record">{html.escape(line)}</span>'
-                 for line in self._record_lines()[-3:]]
-        self.summary.value = CSS + "<b>Leak cleanup</b><br>" + (
-            "<br>".join(lines) or '<span class="shmlab-muted">no leak seen yet</span>')
+        # what leaks right now first (the file table shows those rows in red on the same tick),
+        # then the last reclaims; "no leak seen yet" only when there is neither
+        leaking = sum(len(inc["names"]) for inc in self._incidents.values())
+        lines = [f'<span class="shmlab-leak-open">{html.escape(line)}</span>'
+                 for line in self._open_lines(now)]
+        lines += [f'<span class="shmlab-leak-record">{html.escape(line)}</span>'
+                  for line in self._record_lines()[-3:]]
+        self.summary.value = CSS + (
+            f'<b>Leak cleanup</b> &middot; <span class="shmlab-leak-open-count">{leaking}'
+            "</span> leaked, waiting for a reclaim<br>" if leaking else "<b>Leak cleanup</b><br>"
+        ) + ("<br>".join(lines) or '<span class="shmlab-muted">no leak seen yet</span>')
         series = [("segments", "#1f77b4", [(t, n) for t, n, _ in self.history]),
                   ("leaked", "#d62728", [(t, k) for t, _, k in self.history])]
         self.chart.value = svg_chart(series, now, 60.0, height=140,
@@ -221,6 +228,11 @@ class LeakCleanup(LiveView, W.VBox):
         lines = [f"{t - self.t0:+8.2f} s  {text}" for t, text in sorted(self.timeline)[-14:]]
         self.events.value = CSS + '<pre class="shmlab-muted" style="margin:0">' + html.escape(
             "\n".join(lines)) + "</pre>"
+
+    def _open_lines(self, now: float) -> list[str]:
+        return [f"{inc['owner']}: {len(inc['names'])} segments of dead pid {pid} leaked "
+                f"{now - inc['leaked_t']:.1f} s ago, not reclaimed yet"
+                for pid, inc in sorted(self._incidents.items())]
 
     def _record_lines(self) -> list[str]:
         out = []
@@ -233,6 +245,6 @@ class LeakCleanup(LiveView, W.VBox):
         return out
 
     def render_text(self) -> str:
-        lines = ["leak cleanup", *self._record_lines()]
+        lines = ["leak cleanup", *self._open_lines(time.time()), *self._record_lines()]
         lines += [f"{t - self.t0:+8.2f} s  {text}" for t, text in sorted(self.timeline)[-20:]]
         return "\n".join(lines)

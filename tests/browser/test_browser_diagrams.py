@@ -16,7 +16,7 @@ import time
 
 import pytest
 from support import mermaid
-from support.browser import ARTIFACTS, chromium, lab, need_chromium  # noqa: F401
+from support.browser import ARTIFACTS, chromium, lab, lab_root, need_chromium  # noqa: F401
 
 NOTEBOOKS = mermaid.notebooks_with_diagrams()
 APP_READY = "() => window.jupyterapp?.commands?.hasCommand('docmanager:open') === true"

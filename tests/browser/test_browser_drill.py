@@ -4,8 +4,10 @@ Uses the shared server fixture (tests/support/browser.py: JupyterLab on 127.0.0.
 its own settings, no autosave) with SHMLAB_DRILL_DIR pointing at a temporary folder, which the
 kernel inherits: we run notebook 10, click Reveal, grade the card "easy", check the state file,
 switch the language to 中文, reload the page, run the cells again and read the progress chart,
-which must count the card as known. Screenshots go to test-artifacts/. Without Chromium the test
-skips, except under CI=true (then it fails), as every browser test does.
+which must count the card as known. On the way, what a learner sees: the revealed card read in
+the light and the dark theme, every text at WCAG AA (4.5:1); no stray horizontal scrollbar;
+Chinese *italics* rendered, not shown as asterisks. Screenshots go to test-artifacts/. Without
+Chromium the test skips, except under CI=true (then it fails), as every browser test does.
 """
 
 from __future__ import annotations
@@ -16,13 +18,33 @@ import re
 import time
 
 import pytest
-from support.browser import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, REPO, lab  # noqa: F401
+from support.browser import (  # noqa: F401 - `lab` and `lab_root` are fixtures
+    ARTIFACTS,
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    REPO,
+    lab,
+    lab_root,
+    low_contrast,
+    set_theme,
+)
 from support.browser import need_chromium as _need_chromium
 
 NOTEBOOK = REPO / "notebooks" / "10_interview_drill.ipynb"
 IDLE = ("() => window.jupyterapp?.shell?.currentWidget?.sessionContext?.session?.kernel"
         "?.status === 'idle'")
 RUN_ALL = "() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }"
+# how far the quiz's output scrolls sideways (a stray scrollbar), in px
+SIDEWAYS = """() => {
+  const quiz = document.querySelector('.shmlab-drill');
+  const out = [];
+  for (let e = quiz; e && !e.classList.contains('jp-Notebook'); e = e.parentElement) {
+    if (e.scrollWidth > e.clientWidth + 1 && getComputedStyle(e).overflowX !== 'visible')
+      out.push(`${e.className.toString().slice(0, 60)}: ${e.scrollWidth - e.clientWidth}px`);
+  }
+  return out;
+}"""
+ASTERISK_HAN = r"\*[\u4e00-\u9fff]|[\u4e00-\u9fff]\*"
 READ = """() => ({
   question: document.querySelector('.shmlab-drill-question')?.innerText ?? null,
   answer: document.querySelector('.shmlab-drill-answer')?.innerText ?? '',
@@ -82,6 +104,15 @@ def test_quiz_reveals_grades_saves_and_shows_progress_after_a_reload(
             page.locator(".shmlab-drill-reveal").click()
             _wait_for(page, lambda s: "✗" in s["answer"])
             page.locator(".shmlab-drill").screenshot(path=str(ARTIFACTS / "drill-revealed.png"))
+            assert not page.evaluate(SIDEWAYS), f"the quiz scrolls sideways: " \
+                                                f"{page.evaluate(SIDEWAYS)}"
+            for theme in ("light", "dark"):
+                set_theme(page, theme)
+                page.locator(".shmlab-drill").screenshot(
+                    path=str(ARTIFACTS / f"drill-revealed-{theme}.png"))
+                low = low_contrast(page, ".shmlab-drill")
+                assert not low, f"quiz text below 4.5:1 in the {theme} theme: {low}"
+            set_theme(page, "light")
             page.locator(".shmlab-drill-grade-easy").click()
             second = _wait_for(page, lambda s: s["question"] != first["question"])
             saved = json.loads((drill_dir / "drill.json").read_text())["cards"]
@@ -95,6 +126,9 @@ def test_quiz_reveals_grades_saves_and_shows_progress_after_a_reload(
             zh = _wait_for(page, lambda s: s["question"] != second["question"]  # "both" had Han too
                       and re.search(r"[\u4e00-\u9fff]", s["question"] or ""))
             assert zh["question"] != second["question"]  # the same card, now in Chinese only
+            page.locator(".shmlab-drill-reveal").click()  # the Chinese answer, rendered
+            zh = _wait_for(page, lambda s: "✗" in s["answer"])
+            assert not re.search(ASTERISK_HAN, zh["question"] + zh["answer"]), zh
             page.locator(".shmlab-drill").screenshot(path=str(ARTIFACTS / "drill-zh.png"))
             _open_and_run(page, url)  # a reload: a fresh Quiz reads the saved state
             again = _wait_for(page, lambda s: s["bars"])

@@ -96,6 +96,19 @@ def test_an_again_card_returns_in_the_same_session_once_new_cards_run_out():
     assert s.next_card(DAY) == IDS[0]
 
 
+def test_a_fresh_deck_asks_foundations_first_one_question_at_a_time():
+    deck, asked = Deck(clock=Clock(), seed=0), []
+    while deck.current() is not None:
+        asked.append(deck.current())
+        deck.grade("easy")
+    levels = [c.level for c in asked]
+    juniors = levels.count("junior")
+    assert juniors and levels == ["junior"] * juniors + ["senior"] * (len(levels) - juniors)
+    questions = {c.question for c in asked if c.level == "junior"}
+    first = [c.question for c in asked[:len(questions)]]
+    assert sorted(first) == sorted(questions), f"the first cards repeat a question: {first}"
+
+
 # --- state --------------------------------------------------------------------------------------
 def test_state_is_saved_in_the_data_dir_and_read_back(data_dir):
     clock = Clock()
@@ -227,11 +240,22 @@ def test_quiz_buttons_reveal_grade_save_and_chart(data_dir):
     assert f'data-question="{card.question}" data-known="1" data-seen="1"' in quiz.chart.value
     quiz.lang_buttons.value = "中文"
     nxt = quiz.deck.current()
-    assert nxt.prompt["zh"] in quiz.question.value and nxt.prompt["en"] not in quiz.question.value
+    from shmlab.drill.quiz import _html
+
+    assert _html(nxt.prompt["zh"]) in quiz.question.value
+    assert _html(nxt.prompt["en"]) not in quiz.question.value
     with pytest.raises(RuntimeError):
         quiz.grade("good")  # not revealed yet
     reloaded = Quiz(deck=Deck(clock=Clock(), seed=0))
     assert f'data-question="{card.question}" data-known="1"' in reloaded.chart.value
+
+
+def test_card_markdown_renders_in_chinese_too():
+    from shmlab.drill.quiz import _html
+
+    assert _html("发给*前台进程组*的信号") == "发给<i>前台进程组</i>的信号"
+    assert _html("**要点**：用 `mp.spawn`") == "<b>要点</b>：用 <code>mp.spawn</code>"
+    assert _html("2*3*4 and a_b*c") == "2*3*4 and a_b*c"  # arithmetic, not italics
 
 
 # --- the documents ------------------------------------------------------------------------------

@@ -66,6 +66,8 @@ def test_fd_monitor_follows_a_child_opening_50_shm_fds(lib):
         stop(child, release)
         wait_for(lambda: child.pid not in monitor.current, 2.0, "the child's line to end")
         assert monitor.family_total <= family + 5  # back to about where it was
+        wait_for(lambda: f'data-pid="{child.pid}">' in monitor.chart.value
+                 and "(exited)" in monitor.chart.value, 2.0, "the exited child in the legend")
         ended = [fds for _, fds in monitor.history if child.pid in fds]
         assert max(f[child.pid]["total"] for f in ended) >= base + 50  # its line stays drawn
     finally:
@@ -102,6 +104,10 @@ def test_shm_files_and_leak_cleanup_follow_a_sigkilled_consumer(lib):
         leaked = wait_for(lambda: [s for s in mine() if s.leaked], 5, "the segments to leak")
         assert {s.refcount for s in leaked} == {2}  # nobody gave a count back
         assert '<tr class="shmlab-leaked">' in dash.files.table.value
+        # the leak panel says so while the table shows the red rows, not only after a reclaim
+        # (the manager waits a 2 s grace before it reclaims; the panel refreshes 4x a second)
+        wait_for(lambda: f"segments of dead pid {pids['sender']} leaked" in
+                 dash.leaks.summary.value, 2.0, "the leak panel to show the leak")
         rec = wait_for(lambda: [r for r in dash.leaks.records if r["creator"] == pids["sender"]],
                        20, "the manager to reclaim the leaked segments")[0]
         assert rec["owner"] == lib and rec["segments"] == 50

@@ -6,8 +6,11 @@ the DOM). Playwright (Python) drives /usr/bin/chromium, never a browser it downl
 Without Chromium (or Playwright) a test skips, except under CI=true, where it fails.
 
 Used by test_browser.py (the Dashboard), test_browser_drill.py (the Quiz) and
-test_browser_diagrams.py (the Mermaid diagrams). A test module imports the `lab` fixture from
-here (pytest finds fixtures in the module's namespace).
+test_browser_diagrams.py (the Mermaid diagrams), test_browser_widgets.py (notebooks 00 and 04)
+and test_browser_labs.py (a lab's check output). A test module imports the `lab` and `lab_root`
+fixtures from here (pytest finds fixtures in the module's namespace; `lab` needs `lab_root`),
+or defines its own `lab_root` to serve another folder. The helpers at the end switch the theme,
+measure text contrast (WCAG) and look for widgets JupyterLab could not show.
 """
 
 from __future__ import annotations
@@ -68,8 +71,15 @@ def _get(url: str, timeout: float = 2.0) -> bytes:
 
 
 @pytest.fixture
-def lab(tmp_path):
-    """A JupyterLab server on 127.0.0.1 serving notebooks/; stopped with all it started."""
+def lab_root():
+    """The folder `lab` serves; a test module may override this fixture to serve another."""
+    return REPO / "notebooks"
+
+
+@pytest.fixture
+def lab(tmp_path, lab_root):
+    """A JupyterLab server on 127.0.0.1 serving `lab_root` (notebooks/); stopped with all it
+    started."""
     for name, values in SETTINGS.items():
         path = tmp_path / "settings" / f"{name}.jupyterlab-settings"
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -78,7 +88,7 @@ def lab(tmp_path):
     env = dict(os.environ, JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"))
     cmd = [str(Path(sys.executable).with_name("jupyter")), "lab", "--no-browser",
            f"--port={port}", "--ServerApp.ip=127.0.0.1", f"--IdentityProvider.token={token}",
-           f"--ServerApp.root_dir={REPO / 'notebooks'}", "--LabApp.expose_app_in_browser=True",
+           f"--ServerApp.root_dir={lab_root}", "--LabApp.expose_app_in_browser=True",
            f"--LabApp.user_settings_dir={tmp_path / 'settings'}",
            f"--LabApp.workspaces_dir={tmp_path / 'workspaces'}", "--allow-root"]
     log = open(tmp_path / "lab.log", "wb")
@@ -103,11 +113,11 @@ def lab(tmp_path):
 
 
 @contextlib.contextmanager
-def chromium(pw, tmp_path):
+def chromium(pw, tmp_path, width=1400, height=1000):
     """Headless Debian Chromium with a fresh profile; yields its first page, closes it after."""
     browser = pw.chromium.launch_persistent_context(
         str(tmp_path / "chromium-profile"), headless=True, executable_path=CHROMIUM,
-        args=CHROMIUM_ARGS, viewport={"width": 1400, "height": 1000})
+        args=CHROMIUM_ARGS, viewport={"width": width, "height": height})
     try:
         yield browser.pages[0] if browser.pages else browser.new_page()
     finally:
@@ -133,3 +143,102 @@ def _kill(server: subprocess.Popen, started: list[psutil.Process]) -> None:
             proc.wait(5)
         except (psutil.NoSuchProcess, psutil.TimeoutExpired):
             pass
+
+
+# --- what a learner sees: themes and text contrast ---------------------------------------------
+IDLE = ("() => window.jupyterapp?.shell?.currentWidget?.sessionContext?.session?.kernel"
+        "?.status === 'idle'")
+RUN_ALL = "() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }"
+# every cell of the current notebook has run (no "[*]" or "[ ]" prompt left), the kernel idles
+ALL_RAN = r"""() => {
+  const nb = window.jupyterapp.shell.currentWidget;
+  const k = nb?.sessionContext?.session?.kernel;
+  const prompts = [...nb.node.querySelectorAll('.jp-CodeCell .jp-InputPrompt')]
+    .map(p => p.textContent.trim());
+  return k?.status === 'idle' && prompts.some(p => /^\[\d+\]:$/.test(p))
+    && !prompts.some(p => /^\[[ *]\]:$/.test(p));  // a collapsed input has no prompt
+}"""
+THEMES = {"light": "JupyterLab Light", "dark": "JupyterLab Dark"}
+WIDGET_ERRORS = ("model not found", "Error displaying widget")
+AA = 4.5  # WCAG 2 AA, normal text
+# Each visible text of the elements matching `sel`: its colour against the background actually
+# under it (the ancestors' backgrounds composited, opacity applied), as a WCAG contrast ratio.
+# Disabled buttons are exempt (WCAG 1.4.3: inactive components), as are SVG <title> tooltips.
+CONTRAST = r"""(sel) => {
+  const parse = (c) => {
+    const m = /rgba?\(([^)]+)\)/.exec(c || '');
+    if (!m) return null;
+    const p = m[1].split(/[\s,\/]+/).filter(Boolean).map(Number);
+    return [p[0], p[1], p[2], p.length > 3 ? p[3] : 1];
+  };
+  const over = (top, base) => [0, 1, 2].map(i => top[i] * top[3] + base[i] * (1 - top[3]));
+  const lin = (v) => { v /= 255; return v <= 0.03928 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4; };
+  const lum = (c) => 0.2126 * lin(c[0]) + 0.7152 * lin(c[1]) + 0.0722 * lin(c[2]);
+  const out = [];
+  for (const root of document.querySelectorAll(sel)) {
+    const walk = document.createTreeWalker(root, NodeFilter.SHOW_TEXT);
+    const seen = new Set();
+    while (walk.nextNode()) {
+      const el = walk.currentNode.parentElement;
+      if (!walk.currentNode.textContent.trim() || seen.has(el)) continue;
+      seen.add(el);
+      if (el.closest('button:disabled, style, title, script')) continue;
+      const box = el.getBoundingClientRect();
+      const cs = getComputedStyle(el);
+      if (!box.width || !box.height || cs.visibility === 'hidden') continue;
+      let fg = parse(el instanceof SVGElement ? cs.fill : cs.color);
+      if (!fg) continue;
+      let opacity = 1, bg = [255, 255, 255];
+      const chain = [];
+      for (let e = el; e; e = e.parentElement) {
+        const s = getComputedStyle(e);
+        opacity *= Number(s.opacity);
+        chain.push(parse(s.backgroundColor));
+      }
+      for (const c of chain.reverse()) if (c && c[3] > 0) bg = over(c, bg);
+      fg = over([fg[0], fg[1], fg[2], fg[3] * opacity], bg);
+      const [hi, lo] = [lum(fg), lum(bg)].sort((a, b) => b - a);
+      out.push({text: walk.currentNode.textContent.trim().slice(0, 50),
+                ratio: Math.round((hi + 0.05) / (lo + 0.05) * 100) / 100,
+                fg: fg.map(Math.round), bg: bg.map(Math.round)});
+    }
+  }
+  return out;
+}"""
+
+
+def set_theme(page, theme: str) -> None:
+    """Switch JupyterLab's theme ("light" or "dark") and wait until its colours apply."""
+    page.evaluate("(t) => { window.jupyterapp.commands.execute('apputils:change-theme', "
+                  "{theme: t}); }", THEMES[theme])
+    page.wait_for_function("(light) => document.body.dataset.jpThemeLight === light",
+                           arg=str(theme == "light").lower(), timeout=30_000)
+    time.sleep(0.5)  # the theme's stylesheet is in; let the widgets restyle
+
+
+def low_contrast(page, selector: str, minimum: float = AA) -> list[dict]:
+    """The texts under `selector` whose contrast ratio is below `minimum` (and how many
+    texts were measured, as the last item's "measured")."""
+    texts = page.evaluate(CONTRAST, selector)
+    assert texts, f"no visible text under {selector!r} to measure"
+    return [t for t in texts if t["ratio"] < minimum]
+
+
+def widget_errors(page) -> list[str]:
+    """Outputs where JupyterLab could not show a widget ("model not found")."""
+    return page.evaluate("(needles) => [...document.querySelectorAll('.jp-OutputArea-output')]"
+                         ".map(e => e.innerText).filter(t => needles.some(n => t.includes(n)))",
+                         list(WIDGET_ERRORS))
+
+
+def switch_tab_and_back(page) -> None:
+    """Open a Launcher tab (the notebook is hidden), then bring the notebook back."""
+    nb_id = page.evaluate("() => window.jupyterapp.shell.currentWidget.id")
+    page.evaluate("() => { window.jupyterapp.commands.execute('launcher:create'); }")
+    page.wait_for_function("(id) => window.jupyterapp.shell.currentWidget.id !== id",
+                           arg=nb_id, timeout=20_000)
+    time.sleep(0.5)
+    page.evaluate("(id) => { window.jupyterapp.shell.activateById(id); }", nb_id)
+    page.wait_for_function("(id) => window.jupyterapp.shell.currentWidget.id === id",
+                           arg=nb_id, timeout=20_000)
+    time.sleep(1.0)  # widget views re-render on attach
