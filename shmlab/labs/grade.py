@@ -99,14 +99,15 @@ def plan(source_nb, learner_nb) -> list[dict]:
     jobs, pending, cells = [], [], []
     for n, cell in enumerate(source_nb.cells):
         meta = nbgrader_meta(cell)
-        if cell.cell_type != "code":
-            continue
         label = meta.get("grade_id") or f"cell{n}"
+        if cell.cell_type != "code":
+            cells.append(("text", label, ""))  # the learner's cells below it still run
+            continue
         if meta.get("grade"):
             mine = pending or [j for j in cells if j[0] == "solution"]
             job_cells = []
             for kind, lab, src in cells:
-                if kind == "test":
+                if kind in ("test", "text"):
                     pass  # an earlier exercise's check does not run here; cells below it do
                 elif kind == "setup":
                     job_cells.append({"role": "setup", "label": lab, "source": src})
