@@ -246,6 +246,24 @@ def check_in_flight(send_handle, receive_handle, close):
         unlinked = not os.path.exists(f"{SHM_DIR}{name}")
         c.check(unlinked, "the receiver, the last holder, unlinks on close")
         del m
+    _check_receive_fails(send_handle, receive_handle)
+
+
+def _check_receive_fails(send_handle, receive_handle):
+    """The receiver cannot map the segment: the message's count must be given back anyway."""
+    name = _shm.new_name()
+    with Cases("Exercise 3: a message whose receiver cannot attach") as c, _removed(name):
+        _shm.create_refcounted(name, 8)
+        message = send_handle(name)
+        _shm.decref(name)  # the sender has let go: only the message holds it now
+        got = _raised(receive_handle, message, 1 << 20)  # more than the file holds
+        gone = not os.path.exists(f"{SHM_DIR}{name}")
+        c.check(got is not None, f"receive_handle lets attach's error through "
+                f"({getattr(got, '__name__', got)})", "the caller must know it got nothing")
+        c.check(gone, "the in-flight count is given back on that path too: the last count "
+                f"went, so the name went (count left: {_count(name) if not gone else 0})",
+                "release the message's count whether attach worked or raised (try/finally): "
+                "otherwise nobody ever gives it back and the segment leaks")
 
 
 

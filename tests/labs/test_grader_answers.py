@@ -328,11 +328,14 @@ def decref(name):
 """,
     "ex3_in_flight": """
 def send_handle(name):
-    return name  # wrong: nothing holds the segment while the message travels
+    incref(name)
+    return name
 
 
 def receive_handle(message, size):
-    return attach(message, size)
+    mapping = attach(message, size)
+    decref(message)  # wrong: never reached when attach raises, and the segment leaks
+    return mapping
 """,
     "ex4_safe_attach": """
 def safe_attach(name, size):
@@ -667,7 +670,16 @@ def _worker(params="model.parameters()", epochs="epochs", model="model") -> str:
 
 
 LAB5_WRONG_A = {
-    "ex1_worker": _worker(epochs="min(epochs, 1)"),  # wrong: one pass, whatever `epochs` says
+    "ex1_worker": """
+def train_worker(rank, world, model, data, epochs):
+    torch.set_num_threads(1)
+    x, y = data.x_train[rank::world], data.y_train[rank::world]
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    for i in range(0, len(x), 16):  # wrong: one pass, whatever `epochs` says (fast enough
+        optimizer.zero_grad()       # to reach 0.85 anyway)
+        F.cross_entropy(model(x[i:i + 16]), y[i:i + 16]).backward()
+        optimizer.step()
+""",
     "ex2_baseline": """
 def baseline():
     model = make_model(seed=0)
