@@ -7,7 +7,9 @@ Note — how a grade is earned, and what cannot earn one:
 * **Each exercise is graded in its own fresh process** (``runner``), never in a Jupyter
   kernel. It runs the instructor's set-up cells, the *instructor's* solutions for every other
   exercise before it (so one mistake costs marks once: an fd leak in ex1 cannot fail ex3), the
-  learner's answer cell(s) for this exercise, then the instructor's test cell. Test cells come
+  learner's answer cell(s) for this exercise, then the instructor's test cell. The learner's
+  own helper cells above, and the definitions in their other answers, run too (Note [The
+  learner's notebook as written]). Test cells come
   only from the instructor copy; a learner's edited or deleted test changes nothing.
 * **Status, not output**: an answer cell that raises scores 0; so does a runner that dies
   (``os._exit``), hangs (per-cell and per-notebook time limits, then SIGKILL of its process
@@ -114,7 +116,7 @@ def plan(source_nb, learner_nb) -> list[dict]:
                 elif (kind, lab, src) in mine:
                     job_cells.append({"role": "answer", "label": lab, "source": answers.get(
                         lab, release_cell(_cell(src)).source)})
-                    job_cells += [{"role": "answer", "label": f"{lab} (your cell below it)",
+                    job_cells += [{"role": "answer", "label": f"below {lab}",
                                    "source": s} for s in extras.get(lab, [])]
                     continue
                 elif kind == "solution":
