@@ -22,7 +22,9 @@ def check_unlinked_segment(create_unlinked_segment, sizes=(4096,), error_paths=F
 
 
 def _shm_names() -> set[str]:
-    return set(os.listdir(SHM_DIR))
+    """The names in /dev/shm this process made (its pid is in them): others share the dir."""
+    mine = f"shmlab_{os.getpid()}_"
+    return {n for n in os.listdir(SHM_DIR) if n.startswith(mine)}
 
 
 def _check_name_taken(create_unlinked_segment):

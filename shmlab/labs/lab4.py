@@ -189,9 +189,11 @@ def _sockets() -> int:
     return n
 
 
-def _recording(tracker_cls, events: list, sockets: list):
-    """``tracker_cls`` with each event the loop reports appended to ``events``, and the
-    sockets the loop holds at each join appended to ``sockets``."""
+def _recording(tracker_cls, events: list, sockets: list, heard_w: int, left_w: int):
+    """``tracker_cls`` with each event the loop reports appended to ``events``, the sockets
+    the loop holds at each join appended to ``sockets``, and a byte written to ``heard_w``
+    at each REGISTER and to ``left_w`` at each departure (the victims wait for them, so the
+    order of events does not depend on how the scheduler treats a loaded machine)."""
 
     class Recording(tracker_cls):
         def client_joined(self, client, now):
@@ -201,11 +203,15 @@ def _recording(tracker_cls, events: list, sockets: list):
 
         def client_left(self, client, now):
             events.append("left")
-            return super().client_left(client, now)
+            result = super().client_left(client, now)
+            _signal(left_w)
+            return result
 
         def register(self, client, name):
             events.append("register")
-            return super().register(client, name)
+            result = super().register(client, name)
+            _signal(heard_w)
+            return result
 
         def free(self, name):
             events.append("free")
@@ -214,33 +220,41 @@ def _recording(tracker_cls, events: list, sockets: list):
     return Recording
 
 
+def _signal(fd: int) -> None:
+    """One byte for a victim that waits for it (gone already: nobody waits any more)."""
+    with contextlib.suppress(OSError):
+        os.write(fd, b"!")
+
 
 def _serve_victims(serve, tracker_cls, reclaim, names, grace):
     """The learner's loop, serving a silent client and two producers, all SIGKILLed.
 
-    The silent client connects first. Producer 1 then registers names[0:2], frees names[0];
-    the silent client and producer 1 are killed; 0.1 s later (inside the grace period, once
-    the loop has closed their sockets, so their fd numbers are free again) producer 2
-    connects, registers names[2] and is killed.
+    The silent client connects first. Producer 1 then registers names[0:2] and frees
+    names[0]; the silent client is killed once the loop has heard a REGISTER (or after 3 s),
+    producer 1 after its FREE. Once the loop has seen both leave (so their sockets are closed
+    and their fd numbers free again), inside the grace period, producer 2 connects, registers
+    names[2] and is killed.
     """
     import traceback
 
     events: list = []
     sockets: list = []
-    tracker = _recording(tracker_cls, events, sockets)(grace)
+    heard_r, heard_w = os.pipe()
+    left_r, left_w = os.pipe()
+    os.set_blocking(heard_w, False)
+    os.set_blocking(left_w, False)
+    tracker = _recording(tracker_cls, events, sockets, heard_w, left_w)(grace)
     path = os.path.join(tempfile.mkdtemp(prefix="shmlab-lab4-"), "manager.sock")
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(path)
     server.listen()
     base = _sockets()
     died_r, died_w = os.pipe()
-    go_r, go_w = os.pipe()
     ready_r, ready_w = os.pipe()
-    quiet_r, quiet_w = os.pipe()
-    victims = [_fork_silent(path, ready_w, quiet_r),
-               _fork_victim(path, names[:2], names[0], died_w, go_w, ready_r, quiet_w),
-               _fork_victim(path, names[2:], None, died_w, None, go_r, None)]
-    for fd in (died_w, go_r, go_w, ready_r, ready_w, quiet_r, quiet_w):
+    victims = [_fork_silent(path, ready_w, heard_r),
+               _fork_victim(path, names[:2], names[0], died_w, ready_r, 1),
+               _fork_victim(path, names[2:], None, died_w, left_r, 2)]
+    for fd in (died_w, ready_r, ready_w, heard_r, left_r):
         os.close(fd)
     returned, raised, done = None, "", None
     try:
@@ -256,7 +270,8 @@ def _serve_victims(serve, tracker_cls, reclaim, names, grace):
                 os.kill(victim, signal.SIGKILL)
             os.waitpid(victim, 0)
         died = os.read(died_r, 16)
-        os.close(died_r)
+        for fd in (died_r, heard_w, left_w):
+            os.close(fd)
         server.close()
         os.unlink(path)
         os.rmdir(os.path.dirname(path))
@@ -268,8 +283,22 @@ def _serve_victims(serve, tracker_cls, reclaim, names, grace):
             "sockets": held}
 
 
-def _fork_silent(path, ready_w, quiet_r) -> int:
-    """A client that connects, says nothing, and is SIGKILLed once producer 1 has spoken."""
+def _wait_for(fd: int, count: int, timeout: float) -> None:
+    """Read ``count`` bytes from ``fd``, or give up after ``timeout`` seconds."""
+    import select
+
+    end = time.monotonic() + timeout
+    while count > 0 and (left := end - time.monotonic()) > 0:
+        if select.select([fd], [], [], left)[0]:
+            got = os.read(fd, count)
+            if not got:
+                return
+            count -= len(got)
+
+
+def _fork_silent(path, ready_w, heard_r) -> int:
+    """A client that connects, says nothing, and is SIGKILLed once the loop heard producer 1
+    (or 3 s later: a loop that waits on this client alone hears nothing meanwhile)."""
     pid = os.fork()
     if pid:
         return pid
@@ -277,20 +306,22 @@ def _fork_silent(path, ready_w, quiet_r) -> int:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.connect(path)
         os.write(ready_w, b"!")
-        os.read(quiet_r, 1)
+        _wait_for(heard_r, 1, 3.0)
     finally:
         os.kill(os.getpid(), signal.SIGKILL)
     return pid  # never reached
 
 
-def _fork_victim(path, register, free, died_w, go_w, go_r, spoke_w) -> int:
-    """A producer: wait for ``go_r``, connect, register and create, free one, die by SIGKILL."""
+def _fork_victim(path, register, free, died_w, go_r, go_count) -> int:
+    """A producer: wait for ``go_count`` bytes on ``go_r`` (producer 1: the silent client is
+    connected; producer 2: two clients have left), connect, register and create, free one,
+    die by SIGKILL."""
     pid = os.fork()
     if pid:
         return pid
     try:
-        os.read(go_r, 1)  # the silent client is connected (producer 1), producer 1 is dead (2)
-        time.sleep(0.1)  # the loop sees it first (accepts it, closes the dead one's socket)
+        _wait_for(go_r, go_count, 5.0)
+        time.sleep(0.05)  # the loop accepts the silent client / closes the sockets first
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.connect(path)
         sock.sendall("".join(f"REGISTER {n}\n" for n in register).encode())
@@ -300,11 +331,7 @@ def _fork_victim(path, register, free, died_w, go_w, go_r, spoke_w) -> int:
             os.unlink(f"{SHM_DIR}/{free}")  # released normally by its owner
             sock.sendall(f"FREE {free}\n".encode())
         time.sleep(0.1)  # let the manager read it all before the EOF
-        if spoke_w is not None:
-            os.write(spoke_w, b"!")  # the silent client dies now too
         os.write(died_w, struct.pack("d", time.monotonic()))  # CLOCK_MONOTONIC: system-wide
-        if go_w is not None:
-            os.write(go_w, b"!")
     finally:
         os.kill(os.getpid(), signal.SIGKILL)
     return pid  # never reached
