@@ -7,7 +7,9 @@ Note — how a grade is earned, and what cannot earn one:
 * **Each exercise is graded in its own fresh process** (``runner``), never in a Jupyter
   kernel. It runs the instructor's set-up cells, the *instructor's* solutions for every other
   exercise before it (so one mistake costs marks once: an fd leak in ex1 cannot fail ex3), the
-  learner's answer cell(s) for this exercise, then the instructor's test cell. Test cells come
+  learner's answer cell(s) for this exercise, then the instructor's test cell. The learner's
+  own helper cells above, and the definitions in their other answers, run too (Note [The
+  learner's notebook as written]). Test cells come
   only from the instructor copy; a learner's edited or deleted test changes nothing.
 * **Status, not output**: an answer cell that raises scores 0; so does a runner that dies
   (``os._exit``), hangs (per-cell and per-notebook time limits, then SIGKILL of its process
@@ -34,6 +36,7 @@ patching, swallowing, rewriting or crashing, and need an OS-level sandbox (a con
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import selectors
@@ -88,31 +91,46 @@ def plan(source_nb, learner_nb) -> list[dict]:
     """One runner job per graded cell: {grade_id, points, cells, test}.
 
     A solution cell belongs to the first graded cell after it. The job for an exercise runs
-    the learner's cells for that exercise only (their answer, then the unlabelled cells the
-    learner added right after it); every earlier answer is the instructor's. An exercise with
-    no solution cell of its own (an integration test) runs every earlier answer of the learner.
+    the learner's cells for that exercise (their answer, its split halves merged, then the
+    unlabelled cells the learner added right after it); every earlier answer is the
+    instructor's. An exercise with no solution cell of its own (an integration test) runs
+    every earlier answer of the learner. The learner's own code above runs too, as
+    ``helper`` cells (``_learner_cells``).
     """
-    answers = _learner_answers(learner_nb)
+    answers, extras = _learner_cells(learner_nb)
     jobs, pending, cells = [], [], []
     for n, cell in enumerate(source_nb.cells):
         meta = nbgrader_meta(cell)
-        if cell.cell_type != "code":
-            continue
         label = meta.get("grade_id") or f"cell{n}"
+        if cell.cell_type != "code":
+            cells.append(("text", label, ""))  # the learner's cells below it still run
+            continue
         if meta.get("grade"):
             mine = pending or [j for j in cells if j[0] == "solution"]
             job_cells = []
             for kind, lab, src in cells:
-                if kind == "setup":
+                if kind in ("test", "text"):
+                    pass  # an earlier exercise's check does not run here; cells below it do
+                elif kind == "setup":
                     job_cells.append({"role": "setup", "label": lab, "source": src})
                 elif (kind, lab, src) in mine:
-                    job_cells += [{"role": "answer", "label": lab, "source": s}
-                                  for s in answers.get(lab, [release_cell(_cell(src)).source])]
-                else:
+                    job_cells.append({"role": "answer", "label": lab, "source": answers.get(
+                        lab, release_cell(_cell(src)).source)})
+                    job_cells += [{"role": "answer", "label": f"below {lab}",
+                                   "source": s} for s in extras.get(lab, [])]
+                    continue
+                elif kind == "solution":
+                    helpers = _definitions(answers.get(lab, ""))
+                    if helpers:  # the learner's own helpers in that answer stay defined
+                        job_cells.append({"role": "helper", "label": f"the definitions in "
+                                          f"your {lab}", "source": helpers})
                     job_cells.append({"role": "reference", "label": lab, "source": src})
+                job_cells += [{"role": "helper", "label": f"your cell below {lab}",
+                               "source": s} for s in extras.get(lab, [])]
             jobs.append({"grade_id": label, "points": float(meta.get("points", 0)),
                          "cells": job_cells, "test": cell.source})
             pending = []
+            cells.append(("test", label, cell.source))
         elif meta.get("solution"):
             cells.append(("solution", label, cell.source))
             pending.append(cells[-1])
@@ -125,19 +143,48 @@ def _cell(source: str):
     return nbformat.v4.new_code_cell(source, metadata={"nbgrader": {"solution": True}})
 
 
-def _learner_answers(learner_nb) -> dict[str, list[str]]:
-    """{grade_id: [the learner's answer, then their own cells right after it]}."""
-    found: dict[str, list[str]] = {}
-    current = None
+def _definitions(source: str) -> str:
+    """The imports, ``def``s and ``class``es of a learner's cell, and nothing it would run.
+
+    Another exercise's answer is the instructor's in this job, but a helper the learner wrote
+    in it (and uses in this exercise's answer) must exist: its definitions are kept, its
+    statements are not (so a hang or a leak there costs that exercise alone).
+    """
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return ""
+    kept = [node for node in tree.body if isinstance(node, (
+        ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
+    return "\n\n".join(ast.unparse(node) for node in kept)
+
+
+def _learner_cells(learner_nb) -> tuple[dict[str, str], dict[str, list[str]]]:
+    """({grade_id: the learner's answer}, {grade_id: the learner's own cells below it}).
+
+    Note [The learner's notebook as written]
+    A learner may split an answer cell (JupyterLab's split copies the nbgrader metadata to
+    both halves): the halves of one grade id are merged, in order, into one answer. A learner
+    may also write helper cells of their own (no nbgrader metadata) anywhere: each is filed
+    under the last labelled cell above it (setup, answer or test), and runs in every job
+    that runs that cell, after it: as part of the answer below this exercise's answer, as a
+    ``helper`` elsewhere (a helper that raises costs nothing; the runner says so). Cells of
+    the learner's below a test cell run in later exercises only; the test cell itself always
+    comes from the instructor copy.
+    """
+    answers: dict[str, str] = {}
+    extras: dict[str, list[str]] = {}
+    anchor = None
     for cell in learner_nb.cells:
         meta = nbgrader_meta(cell)
-        if meta:
-            current = meta.get("grade_id") if meta.get("solution") else None
-            if current and cell.cell_type == "code":
-                found[current] = [cell.source]
-        elif current and cell.cell_type == "code" and current in found:
-            found[current].append(cell.source)
-    return found
+        if meta.get("grade_id"):
+            anchor = meta["grade_id"]
+            if meta.get("solution") and cell.cell_type == "code":
+                answers[anchor] = (answers[anchor] + "\n" + cell.source
+                                   if anchor in answers else cell.source)
+        elif cell.cell_type == "code" and anchor is not None and cell.source.strip():
+            extras.setdefault(anchor, []).append(cell.source)
+    return answers, extras
 
 
 def run_job(job: dict, cwd, cell_timeout: float, deadline: float) -> Exercise:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import random
 from multiprocessing.reduction import ForkingPickler
 
 import numpy as np
@@ -12,10 +13,17 @@ import shmlab
 from .report import Cases, run_in_child
 
 
-def check_point_reducer(point_cls, reduce_point, rebuild_point, points=((3, -4.5),)):
-    """``points``: the coordinates tried (the grader tries more, by the same rules)."""
-    for xy in points:
+def check_point_reducer(point_cls, reduce_point, rebuild_point, points=((3, -4.5),),
+                        randomised: int = 0):
+    """``points``: the coordinates tried; ``randomised``: how many more, drawn at random
+    (ints and floats of every size, so an answer that only fits the examples fails)."""
+    rng = random.Random()
+    drawn = [(rng.randint(-2**40, 2**40), rng.uniform(-1e6, 1e6) / rng.choice((1, 3, 7e5)))
+             for _ in range(randomised)]
+    for xy in [*points, *drawn]:
         _check_point(point_cls, reduce_point, rebuild_point, *xy)
+    if randomised:
+        _check_two_points(point_cls, drawn[0], (rng.uniform(-1, 1), rng.randint(0, 99)))
 
 
 def _check_point(point_cls, reduce_point, rebuild_point, x, y):
@@ -39,6 +47,22 @@ def _check_point(point_cls, reduce_point, rebuild_point, x, y):
         got = run_in_child(_roundtrip_in_child, data)
         c.check(got == (x, y), "a child process rebuilds the same Point from the bytes",
                 "only the rebuild function and its arguments travel")
+
+
+def _check_two_points(point_cls, a, b):
+    """Two Points pickled one after the other, then loaded in the other order: each pickle
+    carries its own Point (a rebuild that returns the last one reduced fails here)."""
+    with Cases("Exercise 1: each pickle rebuilds its own Point") as c:
+        first = bytes(ForkingPickler.dumps(point_cls(*a)))
+        second = bytes(ForkingPickler.dumps(point_cls(*b)))
+        got = run_in_child(_load_both, first, second)
+        c.check(got == [tuple(b), tuple(a)], f"loaded in the other order, {b} and {a} come "
+                f"back as themselves (got {got})", "everything the receiver needs must be "
+                "in the pickle: the rebuild function's arguments, not state kept elsewhere")
+
+
+def _load_both(first: bytes, second: bytes):
+    return [(p.x, p.y) for p in (ForkingPickler.loads(second), ForkingPickler.loads(first))]
 
 
 def _roundtrip_in_child(data: bytes):
@@ -76,6 +100,38 @@ def check_tensor_reducer(my_reduce_tensor, my_rebuild_tensor):
         offset = fn(*args).storage_offset()
         c.check(offset == 3, f"a row slice keeps its offset (3, got {offset})",
                 "a view may start anywhere in its storage: does the receiver know where?")
+        for view in _random_views():
+            want = (view.storage_offset(), tuple(view.shape), tuple(view.stride()),
+                    str(view.dtype), view.numpy().tolist())
+            got = run_in_child(_rebuild_and_read, bytes(_LearnerPickler.dumps(view)))
+            c.check(got == want, f"a {str(view.dtype)} view, offset {want[0]}, shape "
+                    f"{want[1]}, strides {want[2]}, arrives as itself"
+                    + ("" if got == want else f" (got offset {got[0]}, shape {got[1]}, "
+                       f"strides {got[2]}, {got[3]})"),
+                    "send every dimension's size and stride, and the dtype: a view can have "
+                    "any number of dimensions, any steps and any element type")
+
+
+def _random_views():
+    """Two views of a random 2-D tensor of a random dtype: a stepped slice, and its transpose."""
+    rng = random.Random()
+    rows, cols = rng.randint(3, 6), rng.randint(4, 7)
+    dtype = rng.choice([np.float64, np.int32, np.int16, np.uint8])
+    base = shmlab.from_numpy((np.arange(rows * cols) % 97).astype(dtype).reshape(rows, cols))
+    stepped = base[1:, ::2]
+    (n, m), (sn, sm) = stepped.shape, stepped.stride()
+    return [stepped, shmlab.Tensor(stepped.untyped_storage(), stepped.storage_offset(), (m, n),
+                                   (sm, sn), stepped.dtype)]
+
+
+def _rebuild_and_read(data: bytes):
+    try:
+        t = _LearnerPickler.loads(data)
+        return (t.storage_offset(), tuple(t.shape), tuple(t.stride()), str(t.dtype),
+                t.numpy().tolist())
+    except Exception as exc:  # the learner's rebuild: a failed case, not a crash of the check
+        why = f"{type(exc).__name__}: {str(exc)[:80]}"
+        return (why, why, why, why, None)
 
 
 def _rebuild_and_write(data: bytes):
@@ -87,13 +143,14 @@ def _rebuild_and_write(data: bytes):
 
 
 def check_pickle_size(pickle_size):
+    sizes = (10, 1_000_000, random.randint(2, 3_000_000))
     with Cases("Exercise 3: the pickle stays the same size, whatever the tensor's size") as c:
-        for n in (10, 1_000_000, 777):
-            with _watching_dumps() as seen:
+        for n in sizes:
+            with _watching_pickles() as seen:
                 got = pickle_size(n)
             measured = [size for numel, size in seen if numel == n]
             c.check(got in measured, f"pickle_size({n:,}) = {got}: the length of a "
-                    f"ForkingPickler.dumps of a {n:,}-element tensor (measured: {measured})",
+                    f"ForkingPickler pickle of a {n:,}-element tensor (measured: {measured})",
                     "build a tensor of n elements inside pickle_size, dump it, return "
                     "len() of the bytes: a number you did not measure proves nothing")
             c.check(got is not None and got < 1000, f"{n:,} floats pickle to {got} bytes "
@@ -101,19 +158,40 @@ def check_pickle_size(pickle_size):
                     "the sharing reducers")
 
 
+class _Counting:
+    """The file a watched ForkingPickler writes through: it counts the bytes it passes on."""
+
+    def __init__(self, file):
+        self.file, self.written = file, 0
+
+    def write(self, data):
+        self.written += len(data)
+        return self.file.write(data)
+
+
 @contextlib.contextmanager
-def _watching_dumps():
-    """Record (numel, len(result)) of every ForkingPickler.dumps of a tensor while inside."""
-    seen, real = [], ForkingPickler.__dict__["dumps"]
+def _watching_pickles():
+    """Record (numel, bytes written) of every ForkingPickler dump of a tensor while inside:
+    ``ForkingPickler.dumps(t)``, ``ForkingPickler(buf).dump(t)`` and
+    ``multiprocessing.reduction.dump(t, buf)`` alike (they all go through ``dump``)."""
+    seen = []
+    real_init, real_dump = ForkingPickler.__dict__["__init__"], ForkingPickler.dump
 
-    def dumps(cls, obj, protocol=None):
-        data = real.__func__(cls, obj, protocol)
-        if isinstance(obj, shmlab.Tensor):
-            seen.append((obj.numel(), len(data)))
-        return data
+    def __init__(self, file, *args, **kwargs):
+        self._shmlab_counting = _Counting(file)
+        real_init(self, self._shmlab_counting, *args, **kwargs)
 
-    ForkingPickler.dumps = classmethod(dumps)
+    def dump(self, obj):
+        counting = getattr(self, "_shmlab_counting", None)
+        start = counting.written if counting else 0
+        result = real_dump(self, obj)
+        if counting and isinstance(obj, shmlab.Tensor):
+            seen.append((obj.numel(), counting.written - start))
+        return result
+
+    ForkingPickler.__init__, ForkingPickler.dump = __init__, dump
     try:
         yield seen
     finally:
-        ForkingPickler.dumps = real
+        ForkingPickler.__init__ = real_init
+        del ForkingPickler.dump

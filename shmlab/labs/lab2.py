@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import socket
 
@@ -9,10 +11,101 @@ from .._shm import SHM_DIR
 from .report import Cases, fd_count, run_in_child
 
 
-def check_unlinked_segment(create_unlinked_segment, sizes=(4096,)):
-    """``sizes``: the sizes tried (the grader tries more, by the same rules)."""
+def check_unlinked_segment(create_unlinked_segment, sizes=(4096,), error_paths=False):
+    """``sizes``: the sizes tried; ``error_paths``: also a name that exists already, and a
+    resize that fails (the grader's hidden cases)."""
     for size in sizes:
         _check_segment(create_unlinked_segment, size)
+    if error_paths:
+        _check_name_taken(create_unlinked_segment)
+        _check_resize_fails(create_unlinked_segment)
+
+
+def _shm_names() -> set[str]:
+    """The names in /dev/shm this process made (its pid is in them): others share the dir."""
+    mine = f"shmlab_{os.getpid()}_"
+    return {n for n in os.listdir(SHM_DIR) if n.startswith(mine)}
+
+
+def _check_name_taken(create_unlinked_segment):
+    """The next name is somebody else's segment already: it must survive, untouched."""
+    names = getattr(create_unlinked_segment, "__globals__", {})
+    real = names.get("segment_name")
+    if real is None:
+        return  # the learner names segments some other way: nothing to inject
+    taken = real()
+    path = f"{SHM_DIR}{taken}"
+    other = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    os.pwrite(other, b"someone else's data", 0)
+    calls = []
+
+    def segment_name(*args, **kwargs):
+        calls.append(1)
+        return taken if len(calls) == 1 else real(*args, **kwargs)
+
+    with Cases("Exercise 1: a name that is taken already (EEXIST)") as c:
+        before = fd_count()
+        names["segment_name"] = segment_name
+        try:
+            fd, raised = create_unlinked_segment(4096), None
+        except OSError as exc:
+            fd, raised = None, exc
+        finally:
+            names["segment_name"] = real
+        try:
+            st = os.fstat(other)
+            intact = os.path.exists(path) and os.pread(other, 19, 0) == b"someone else's data"
+            c.check(intact and st.st_size == 19, "the segment that had the name is untouched "
+                    "(still there, same size, same bytes)", "create with O_CREAT | O_EXCL: "
+                    "without O_EXCL shm_open opens somebody else's segment, and your "
+                    "ftruncate and shm_unlink then destroy it")
+            if raised is not None:
+                c.check(raised.errno == errno.EEXIST, f"it raised FileExistsError (got "
+                        f"{type(raised).__name__}: {raised})", "let O_EXCL's error through")
+            else:
+                mine = os.fstat(fd)
+                c.check((mine.st_ino, mine.st_dev) != (st.st_ino, st.st_dev), "it returned a "
+                        "segment of its own (under another name)", "never hand out an fd of "
+                        "a segment you did not create")
+                os.close(fd)
+            c.check(fd_count() == before, f"no fd is left open ({fd_count() - before} left)",
+                    "close what you opened on every path")
+        finally:
+            os.close(other)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+
+
+def _check_resize_fails(create_unlinked_segment):
+    """``ftruncate`` and ``posix_fallocate`` fail (a full /dev/shm): no fd, no name is left."""
+    real = {n: getattr(os, n) for n in ("ftruncate", "posix_fallocate")}
+
+    def failing(fd, *args):
+        raise OSError(errno.ENOSPC, "No space left on device (injected by the check)")
+
+    with Cases("Exercise 1: the resize fails (ENOSPC)") as c:
+        before, files = fd_count(), _shm_names()
+        for n in real:
+            setattr(os, n, failing)
+        try:
+            fd, raised = create_unlinked_segment(4096), None
+        except OSError as exc:
+            fd, raised = None, exc
+        finally:
+            for n, fn in real.items():
+                setattr(os, n, fn)
+        if fd is not None:  # sized some other way: the failure never reached it
+            os.close(fd)
+            print("  (the segment was sized without os.ftruncate or os.posix_fallocate: "
+                  "this case does not apply)")
+            return
+        c.check(raised.errno == errno.ENOSPC, f"the error reaches the caller ({raised})",
+                "let it through: the caller must know there is no segment")
+        c.check(fd_count() == before, f"no fd is left open ({fd_count() - before} left)",
+                "the fd shm_open gave you is yours to close when you cannot return it")
+        left = sorted(_shm_names() - files)
+        c.check(not left, f"no name is left in /dev/shm ({left})", "unlink the name on "
+                "every path, the failing one too")
 
 
 def _check_segment(create_unlinked_segment, size):
@@ -37,13 +130,17 @@ def check_fd_passing(send_fd, recv_fd, create_unlinked_segment):
     with Cases("Exercise 2: pass an fd over a UNIX socket (SCM_RIGHTS)") as c:
         parent_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            ident = run_in_child(_send_segment, child_sock, send_fd, create_unlinked_segment)
+            ident, kept = run_in_child(_send_segment, child_sock, send_fd,
+                                       create_unlinked_segment)
             before = fd_count()  # the child has sent and gone: only recv_fd opens fds now
             fd = recv_fd(parent_sock)
             opened = fd_count() - before
         finally:
             parent_sock.close()
             child_sock.close()
+        c.check(kept == 0, f"sending leaves the sender no new fd ({kept} left open)",
+                "the fd you send stays the caller's; anything you dup or open to send it is "
+                "yours to close")
         if not isinstance(fd, int) or fd < 0:
             c.check(False, f"recv_fd returns an fd number (got {fd!r})",
                     "recv_fds returns (data, fds, flags, address): the fd is in the list")
@@ -66,10 +163,12 @@ def check_fd_passing(send_fd, recv_fd, create_unlinked_segment):
 def _send_segment(sock, send_fd, create_unlinked_segment):
     fd = create_unlinked_segment(4096)
     os.pwrite(fd, b"hello", 0)
+    before = fd_count()
     send_fd(sock, fd)
+    kept = fd_count() - before
     st = os.fstat(fd)
     os.close(fd)
-    return (st.st_ino, st.st_dev)
+    return (st.st_ino, st.st_dev), kept
 
 
 def check_rebuild_cache(rebuild_storage_fd, create_unlinked_segment):
@@ -96,7 +195,46 @@ def check_rebuild_cache(rebuild_storage_fd, create_unlinked_segment):
                 "storage", "fd numbers are reused as soon as they are closed: they cannot "
                 "name a segment; (st_ino, st_dev) can")
         del a, b, d
+        _check_same_inode_other_device(c, rebuild_storage_fd, create_unlinked_segment)
         _check_fd_per_storage(c, rebuild_storage_fd, create_unlinked_segment)
+
+
+@contextlib.contextmanager
+def _seen_as(fd: int, ino: int, dev: int):
+    """``os.fstat(fd)`` reports inode ``ino`` on device ``dev`` while inside (only for ``fd``):
+    two file systems number their inodes independently, so one inode number can name two
+    files, which only the device tells apart. No tmpfs here can be made to collide on demand."""
+    real = os.fstat
+
+    def fstat(which, *args, **kwargs):
+        st = real(which, *args, **kwargs)
+        if which != fd:
+            return st
+        fields = list(st)
+        fields[1], fields[2] = ino, dev
+        return os.stat_result(fields)
+
+    os.fstat = fstat
+    try:
+        yield
+    finally:
+        os.fstat = real
+
+
+def _check_same_inode_other_device(c, rebuild_storage_fd, create_unlinked_segment):
+    one, two = create_unlinked_segment(64), create_unlinked_segment(64)
+    try:
+        st = os.fstat(one)
+        cache = {}
+        with _seen_as(two, st.st_ino, st.st_dev + 1):
+            x = rebuild_storage_fd(one, 64, cache)
+            y = rebuild_storage_fd(two, 64, cache)
+        c.check(x is not y, "the same inode number on another device is another segment",
+                "an inode number is unique only within one file system: the key is "
+                "(st_ino, st_dev)")
+    finally:
+        os.close(one)
+        os.close(two)
 
 
 def _check_fd_per_storage(c, rebuild_storage_fd, create_unlinked_segment):

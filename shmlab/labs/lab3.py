@@ -77,51 +77,89 @@ def check_attach_close(attach, close):
         c.check(unlinked, "the last closer unlinks the name",
                 "when your decrement brings the count to 0, shm_unlink(name)")
         del m, m2
+    _check_attach_errors(attach)
 
 
-def check_concurrent_updates(incref, decref):
+def _check_attach_errors(attach):
+    """attach on the paths that fail: a map that cannot be made, a name that is gone."""
+    name = _shm.new_name()
+    with Cases("Exercise 1: attach when it fails") as c, _removed(name):
+        _shm.create_refcounted(name, 16)
+        fds_before = fd_count()
+        got = _raised(attach, name, 1 << 20)  # more than the file holds: mmap refuses
+        c.check(got is not None, f"mapping more than the segment holds raises ({got})",
+                "let mmap's error through")
+        c.check(_count(name) == 1, f"... and leaves the count at 1 (got {_count(name)})",
+                "map first, count yourself in after: a failed attach holds no reference, so "
+                "a count raised before a map that fails is never given back")
+        c.check(fd_count() == fds_before, f"... and no fd open ({fd_count() - fds_before} "
+                "left)", "close the fd on the raising path too (try/finally)")
+        _remove(name)
+        fds_before = fd_count()
+        got = _raised(attach, name, 16)
+        c.check(got is not None and issubclass(got, FileNotFoundError), f"a name that is gone "
+                f"raises FileNotFoundError (got {getattr(got, '__name__', got)})",
+                "shm_open raises it: let it through")
+        c.check(fd_count() == fds_before, "... and leaves no fd open")
+
+
+def _raised(fn, *args):
+    """The class of the exception ``fn(*args)`` raised, or None (closing what it returned)."""
+    try:
+        _close(fn(*args))
+    except Exception as exc:  # the learner's choice of exception is what is checked
+        return type(exc)
+    return None
+
+
+def check_concurrent_updates(incref, decref, processes=4, n=400):
     name = _shm.new_name()
     with Cases("Exercise 2: refcount updates that are safe across processes") as c, \
             _removed(name):
         _shm.create_refcounted(name, 8)
-        n = 2000
-        run_in_child(_hammer_both, incref, name, n, timeout=60)
-        c.check(_count(name) == 1 + 2 * n,
-                f"two processes x {n} increments at once: {1 + 2 * n} expected, "
-                f"got {_count(name)}",
+        raised = run_in_child(_hammer, incref, name, processes, n, timeout=120)
+        want = 1 + processes * n
+        c.check(not raised and _count(name) == want,
+                f"{processes} processes x {n} increments at once: {want} expected, got "
+                f"{_count(name)}" + (f" ({raised})" if raised else ""),
                 "two read-modify-writes interleaved and one update was lost: what keeps "
                 "another process out between your read and your write?")
-        for _ in range(2 * n):
-            decref(name)
-        c.check(_count(name) == 1, "decref brings it back to 1")
+        _set_count(name, want)
+        raised = run_in_child(_hammer, decref, name, processes, n, timeout=120)
+        c.check(not raised and _count(name) == 1,
+                f"{processes} processes x {n} decrements at once: back to 1, got "
+                f"{_count(name)}" + (f" ({raised})" if raised else ""),
+                "read the count after you hold the lock, and write it back before you "
+                "let go: a count read before LOCK_EX, or written after LOCK_UN, is stale")
+        _set_count(name, 1)
         with _watching_unlink(decref) as unlinks:
             decref(name)
         unlinked = not os.path.exists(f"{SHM_DIR}{name}")
         c.check(unlinked, "the decrement to 0 unlinks", "when the count reaches 0, shm_unlink")
         c.check(unlinks == [True], f"it unlinks while holding the lock (shm_unlink calls, "
-                f"locked or not: {unlinks})", "between your LOCK_EX and LOCK_UN: otherwise "
-                "an attach can slip in after the count hit 0 and before the name is gone")
+                f"locked or not: {unlinks})", "between taking the lock and releasing it: "
+                "otherwise an attach can slip in after the count hit 0 and before the name "
+                "is gone")
+
+
+def _locks_on(path: str) -> list[str]:
+    """The locks the kernel lists in /proc/locks on the file at ``path``, of any kind
+    (FLOCK, POSIX from fcntl.lockf, OFDLCK), waiters left out."""
+    st = os.stat(path)
+    ident = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    with open("/proc/locks") as f:
+        return [line for line in f if "->" not in line and ident in line.split()]
 
 
 @contextlib.contextmanager
 def _watching_unlink(fn):
-    """Swap ``shm_unlink`` in ``fn``'s globals for one that records whether the lock is held.
-
-    flock locks belong to an open file description: a second open() of the file gets its own,
-    so a non-blocking LOCK_EX on it fails exactly when somebody (the learner's fd) holds it.
-    """
+    """Swap ``shm_unlink`` in ``fn``'s globals for one that records whether a lock is held
+    on the file (any kind the kernel lists: flock, fcntl.lockf, an OFD lock)."""
     names, seen = fn.__globals__, []
     real = names.get("shm_unlink")
 
     def shm_unlink(name):
-        probe = os.open(f"{SHM_DIR}{name}", os.O_RDONLY)
-        try:
-            fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            seen.append(False)  # we got it: nobody held the lock
-        except BlockingIOError:
-            seen.append(True)
-        finally:
-            os.close(probe)
+        seen.append(bool(_locks_on(f"{SHM_DIR}{name}")))
         return _posixshmem.shm_unlink(name)
 
     names["shm_unlink"] = shm_unlink
@@ -134,15 +172,57 @@ def _watching_unlink(fn):
             names["shm_unlink"] = real
 
 
-def _hammer_both(incref, name, n):
-    pid = os.fork()  # two processes updating one counter at the same time
-    for _ in range(n):
-        incref(name)
-    if pid == 0:
-        os._exit(0)
-    os.waitpid(pid, 0)
+def _hammer(update, name, processes, n):
+    """``processes`` processes call ``update(name)`` ``n`` times each, all at once; the
+    exceptions they raised ('' if none).
 
+    Each read of the header is followed, and each write preceded, by a short sleep (os.pread
+    and os.pwrite are wrapped in these children only): a read-modify-write that another process
+    can enter then loses updates on every run, not only when the scheduler happens to switch
+    at the wrong instruction. Under a lock the sleeps only slow it down.
+    """
+    import time
 
+    real_read, real_write = os.pread, os.pwrite
+
+    def pread(*args):
+        data = real_read(*args)
+        time.sleep(50e-6)
+        return data
+
+    def pwrite(*args):
+        time.sleep(50e-6)
+        return real_write(*args)
+
+    go_r, go_w = os.pipe()
+    out_r, out_w = os.pipe()
+    children = []
+    for _ in range(processes):
+        pid = os.fork()
+        if pid == 0:
+            code = 0
+            try:
+                os.close(go_w)
+                os.pread, os.pwrite = pread, pwrite
+                os.read(go_r, 1)  # all start together
+                for _ in range(n):
+                    update(name)
+            except BaseException as exc:
+                os.write(out_w, f"{type(exc).__name__}: {exc}"[:200].encode() + b"\n")
+                code = 1
+            os._exit(code)
+        children.append(pid)
+    os.close(out_w)
+    os.write(go_w, b"x" * processes)
+    os.close(go_w)
+    for pid in children:
+        os.waitpid(pid, 0)
+    raised = b""
+    while chunk := os.read(out_r, 4096):
+        raised += chunk
+    os.close(out_r)
+    os.close(go_r)
+    return raised.decode(errors="replace").strip()
 
 
 def check_in_flight(send_handle, receive_handle, close):
@@ -166,6 +246,24 @@ def check_in_flight(send_handle, receive_handle, close):
         unlinked = not os.path.exists(f"{SHM_DIR}{name}")
         c.check(unlinked, "the receiver, the last holder, unlinks on close")
         del m
+    _check_receive_fails(send_handle, receive_handle)
+
+
+def _check_receive_fails(send_handle, receive_handle):
+    """The receiver cannot map the segment: the message's count must be given back anyway."""
+    name = _shm.new_name()
+    with Cases("Exercise 3: a message whose receiver cannot attach") as c, _removed(name):
+        _shm.create_refcounted(name, 8)
+        message = send_handle(name)
+        _shm.decref(name)  # the sender has let go: only the message holds it now
+        got = _raised(receive_handle, message, 1 << 20)  # more than the file holds
+        gone = not os.path.exists(f"{SHM_DIR}{name}")
+        c.check(got is not None, f"receive_handle lets attach's error through "
+                f"({getattr(got, '__name__', got)})", "the caller must know it got nothing")
+        c.check(gone, "the in-flight count is given back on that path too: the last count "
+                f"went, so the name went (count left: {_count(name) if not gone else 0})",
+                "release the message's count whether attach worked or raised (try/finally): "
+                "otherwise nobody ever gives it back and the segment leaks")
 
 
 
@@ -212,22 +310,28 @@ def check_safe_attach(safe_attach):
                 "that path leaves no fd open and no lock held", "the lock and the fd are "
                 "released on the raising path too")
         _set_count(name, 1)
+        fds_before = fd_count()
+        got = _raised(safe_attach, name, 1 << 20)  # more than the file holds: mmap refuses
+        c.check(got is not None and _count(name) == 1 and fd_count() == fds_before
+                and _lock_free(name), f"a map that fails raises ({getattr(got, '__name__', got)}"
+                f"), leaves the count at 1 (got {_count(name)}), no fd open and no lock held",
+                "map before you count yourself in: a reference counted for a mapping that "
+                "was never made is never given back")
         _check_race(c, safe_attach, name)
         del creator
 
 
 def _check_race(c, safe_attach, name):
-    """Hold the lock, let attach start, drop the count to 0 under the lock, then let it in."""
-    probe = os.open(f"{SHM_DIR}{name}", os.O_RDWR)
-    fcntl.flock(probe, fcntl.LOCK_EX)  # another process's decref, in the middle of it
+    """Another process holds the lock, lets attach start, drops the count to 0, then lets go."""
+    holder, go = _hold_locks(name)
     worker, outcome = _attach_in_thread(safe_attach, name, wait=0.3, then=_outcome)
     waited = worker.is_alive()
-    os.pwrite(probe, _COUNT.pack(0), 0)  # that decref brings the count to 0
-    fcntl.flock(probe, fcntl.LOCK_UN)
-    os.close(probe)
+    os.write(go, b"x")  # the holder's decref brings the count to 0 and unlocks
+    os.close(go)
+    os.waitpid(holder, 0)
     worker.join(5)
     c.check(waited, "attach waits while another process holds the lock",
-            "take LOCK_EX on the fd before you read the count")
+            "take the lock on the fd before you read the count")
     if not c.check(not worker.is_alive(), "attach returns once the lock is free",
                    f"it hung: {_DEADLOCK}"):
         return
@@ -236,6 +340,31 @@ def _check_race(c, safe_attach, name):
             f"let in after that decrement to 0, it refuses (got: {got}, count "
             f"{_count(name)})", "a count read before you held the lock can be stale by the "
             "time you write it back: read it under the lock")
+
+
+def _hold_locks(name):
+    """Fork a process that holds every kind of lock on the segment (flock, and a POSIX lock,
+    which OFD locks conflict with too) until told to go: then it writes the count 0 and lets
+    go. Returns (its pid, the write end that tells it to go), once it holds them."""
+    ready_r, ready_w = os.pipe()
+    go_r, go_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            a = os.open(f"{SHM_DIR}{name}", os.O_RDWR)
+            b = os.open(f"{SHM_DIR}{name}", os.O_RDWR)
+            fcntl.flock(a, fcntl.LOCK_EX)
+            fcntl.lockf(b, fcntl.LOCK_EX)
+            os.write(ready_w, b"x")
+            os.read(go_r, 1)
+            os.pwrite(a, _COUNT.pack(0), 0)
+        finally:
+            os._exit(0)  # its locks go with it
+    os.close(ready_w)
+    os.close(go_r)
+    os.read(ready_r, 1)
+    os.close(ready_r)
+    return pid, go_w
 
 
 def _attach_in_thread(safe_attach, name, wait: float = 5.0, then=lambda m: m):
@@ -271,6 +400,9 @@ def _attach_outcome(safe_attach, name) -> str:
 
 
 def _named(result) -> str:
+    """'mapped', or the exception's class name ('FileNotFoundError' for any subclass of it)."""
+    if isinstance(result, FileNotFoundError):
+        return "FileNotFoundError"
     return type(result).__name__ if isinstance(result, BaseException) else result
 
 
@@ -288,13 +420,5 @@ def _set_count(name: str, value: int) -> None:
 
 
 def _lock_free(name: str) -> bool:
-    """True if nobody holds the segment's flock (a non-blocking LOCK_EX on a new open works)."""
-    probe = os.open(f"{SHM_DIR}{name}", os.O_RDONLY)
-    try:
-        fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        fcntl.flock(probe, fcntl.LOCK_UN)
-        return True
-    except BlockingIOError:
-        return False
-    finally:
-        os.close(probe)
+    """True if nobody holds a lock of any kind on the segment (/proc/locks lists none)."""
+    return not _locks_on(f"{SHM_DIR}{name}")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
+import secrets
 import signal
 import socket
 import struct
@@ -31,19 +33,24 @@ def _segments(*names):
 
 
 def _names(tag: str, k: int) -> list[str]:
-    return [f"shmlab_{os.getpid()}_lab4{tag}_{i}" for i in range(k)]
+    token = secrets.token_hex(3)  # new on every run: no answer can know the names in advance
+    return [f"shmlab_{os.getpid()}_lab4{tag}{token}_{i}" for i in range(k)]
 
 
 def check_reclaim(reclaim):
     a, b, decoy = _names("r", 3)
+    longer = a + "7"  # a's name is a prefix of it: somebody else's segment all the same
     with Cases("Exercise 1: reclaim what was registered, and nothing else") as c, \
-            _segments(a, b, decoy):
-        gone = f"shmlab_{os.getpid()}_lab4r_gone"  # registered, then freed by its owner
+            _segments(a, b, decoy, longer):
+        gone = a + "_gone"  # registered, then freed by its owner
         done = reclaim({a, b, gone})
         c.check(not os.path.exists(f"{SHM_DIR}/{a}") and not os.path.exists(f"{SHM_DIR}/{b}"),
                 "both registered segments are unlinked", "os.unlink('/dev/shm/' + name)")
         c.check(os.path.exists(f"{SHM_DIR}/{decoy}"), "a segment nobody registered survives",
                 "never unlink a file you did not register: it may belong to someone else")
+        c.check(os.path.exists(f"{SHM_DIR}/{longer}"), f"so does {longer}, whose name starts "
+                "with a registered one", "a name is registered only if it is exactly that "
+                "name: compare whole names (or just unlink the registered ones)")
         c.check(sorted(done or []) == sorted([a, b]),
                 "it returns the names it unlinked (not the one already gone)",
                 "a registered name may be gone already: skip FileNotFoundError")
@@ -51,7 +58,7 @@ def check_reclaim(reclaim):
 
 
 def check_tracker(tracker_cls):
-    (a,) = _names("t", 1)
+    a, b = _names("t", 2)
     with Cases("Exercise 2: the tracker knows who is connected and what is registered") as c:
         t = tracker_cls()
         c.check(not t.should_exit(now=0.0), "before any client came: keep serving",
@@ -62,21 +69,37 @@ def check_tracker(tracker_cls):
         t.register("c2", a)  # the same name twice (two holders of one segment): one entry
         c.check(t.registered == {a}, f"register() records the name once ({t.registered})",
                 "keep the names in the set attribute `registered`")
+        t.register("c1", b)  # only c1 holds b
         t.client_left("c1", now=1.0)
         c.check(not t.should_exit(now=5.0), "one client is still connected: keep serving",
                 "exit only when no client is left")
+        c.check(t.registered == {a, b}, f"a client who leaves leaves its names registered "
+                f"({t.registered})", "a client that dies without FREE leaves its segments "
+                "behind: they are exactly what the manager must reclaim later, so keep them")
         t.client_left("c2", now=2.0)
         c.check(t.should_exit(now=2.0), "the last client left: time to clean",
                 "exit once every client that joined has left")
         t.free(a)
         c.check(a not in t.registered, "free() forgets a name", "remove it from .registered")
         t.free(a)  # a second FREE of the same name (its owner and a reclaim) is harmless
+        t.free(b)
         c.check(t.registered == set(), "a second free() of the same name is harmless",
                 "set.discard does not raise for a missing element")
 
 
-def check_grace(tracker_cls, grace=0.5):
-    with Cases("Exercise 3: the grace period, and a client who joins during it") as c:
+def check_grace(tracker_cls, grace=None):
+    """``grace``: the period tried; by default two drawn at random, one under a second and
+    one over it (a period written into the class instead of taken from its argument fails)."""
+    if grace is None:
+        for drawn in (random.uniform(0.1, 0.9), random.uniform(1.5, 30.0)):
+            _check_grace(tracker_cls, round(drawn, 3))
+    else:
+        _check_grace(tracker_cls, grace)
+
+
+def _check_grace(tracker_cls, grace):
+    with Cases(f"Exercise 3: the grace period ({grace} s), and a client who joins during "
+               "it") as c:
         t = tracker_cls(grace)
         t.client_joined("c1", now=0.0)
         t.client_left("c1", now=2.0)
@@ -123,17 +146,26 @@ def check_under_sigkill(serve, tracker_cls, reclaim, grace=1.0):
                     "the traceback above starts in the manager process: fix it there")
             return
         events = report["events"]
-        print("  producer 1 registered 2 names, freed one and was SIGKILLed; producer 2 "
-              f"joined in the grace period, registered 1 and was SIGKILLed.\n"
-              f"  Your tracker heard: {events}")
+        print("  a silent client connected; producer 1 registered 2 names and freed one; "
+              "both were SIGKILLed; producer 2 joined in the grace period, registered 1 and "
+              f"was SIGKILLed.\n  Your tracker heard: {events}")
         c.check(events.count("register") == 3, f"the 3 REGISTER lines reached "
                 f"tracker.register ({events.count('register')})", "split what recv returns "
                 "into lines; each is `REGISTER <name>` or `FREE <name>`")
         c.check("free" in events, "the FREE line reached tracker.free",
                 "a name its owner unlinked itself must not stay registered")
-        c.check(events.count("left") == 2, f"the EOF of each killed producer reached "
-                f"tracker.client_left ({events.count('left')} of 2)", "a SIGKILLed client "
+        c.check(events.count("left") == 3, f"the EOF of each killed client reached "
+                f"tracker.client_left ({events.count('left')} of 3)", "a SIGKILLed client "
                 "sends nothing: its socket reads b'' (EOF), as on a clean exit")
+        c.check("register" in events and "left" in events and
+                events.index("register") < events.index("left"), "producer 1's REGISTER "
+                "lines were heard while the silent client was still connected",
+                "wait on every socket at once (the selector) and read only the one that is "
+                "ready: a recv on a client with nothing to say blocks the whole manager")
+        sockets = report["sockets"]
+        c.check(sockets == 1, f"when producer 2 joined, the loop held 1 client socket (its "
+                f"own; held {sockets})", "close a client's socket at its EOF (and "
+                "unregister it): every dead client's socket kept is an fd leaked")
         c.check(not leaked, f"the {len(names) - 1} segments still registered were reclaimed "
                 f"({len(leaked)} left)", "when tracker.should_exit(now) says so, reclaim the "
                 "registered names; a socket closed but still in the selector breaks the next "
@@ -148,21 +180,38 @@ def check_under_sigkill(serve, tracker_cls, reclaim, grace=1.0):
                 f"last producer died (grace {grace} s)", "ask should_exit on every turn of "
                 "the loop, before you wait for the next event")
 
-def _recording(tracker_cls, events: list):
-    """``tracker_cls`` with each event the loop reports appended to ``events``."""
+def _sockets() -> int:
+    """Sockets this process holds open."""
+    n = 0
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            n += os.readlink(f"/proc/self/fd/{fd}").startswith("socket:")
+    return n
+
+
+def _recording(tracker_cls, events: list, sockets: list, heard_w: int, left_w: int):
+    """``tracker_cls`` with each event the loop reports appended to ``events``, the sockets
+    the loop holds at each join appended to ``sockets``, and a byte written to ``heard_w``
+    at each REGISTER and to ``left_w`` at each departure (the victims wait for them, so the
+    order of events does not depend on how the scheduler treats a loaded machine)."""
 
     class Recording(tracker_cls):
         def client_joined(self, client, now):
             events.append("joined")
+            sockets.append(_sockets())
             return super().client_joined(client, now)
 
         def client_left(self, client, now):
             events.append("left")
-            return super().client_left(client, now)
+            result = super().client_left(client, now)
+            _signal(left_w)
+            return result
 
         def register(self, client, name):
             events.append("register")
-            return super().register(client, name)
+            result = super().register(client, name)
+            _signal(heard_w)
+            return result
 
         def free(self, name):
             events.append("free")
@@ -171,27 +220,41 @@ def _recording(tracker_cls, events: list):
     return Recording
 
 
+def _signal(fd: int) -> None:
+    """One byte for a victim that waits for it (gone already: nobody waits any more)."""
+    with contextlib.suppress(OSError):
+        os.write(fd, b"!")
+
 
 def _serve_victims(serve, tracker_cls, reclaim, names, grace):
-    """The learner's loop, serving two producers that are SIGKILLed one after the other.
+    """The learner's loop, serving a silent client and two producers, all SIGKILLed.
 
-    Producer 1 registers names[0:2], frees names[0] and is killed; 0.1 s later (inside the
-    grace period, once the loop has closed its socket, so its fd number is free again)
-    producer 2 connects, registers names[2] and is killed.
+    The silent client connects first. Producer 1 then registers names[0:2] and frees
+    names[0]; the silent client is killed once the loop has heard a REGISTER (or after 3 s),
+    producer 1 after its FREE. Once the loop has seen both leave (so their sockets are closed
+    and their fd numbers free again), inside the grace period, producer 2 connects, registers
+    names[2] and is killed.
     """
     import traceback
 
     events: list = []
-    tracker = _recording(tracker_cls, events)(grace)
+    sockets: list = []
+    heard_r, heard_w = os.pipe()
+    left_r, left_w = os.pipe()
+    os.set_blocking(heard_w, False)
+    os.set_blocking(left_w, False)
+    tracker = _recording(tracker_cls, events, sockets, heard_w, left_w)(grace)
     path = os.path.join(tempfile.mkdtemp(prefix="shmlab-lab4-"), "manager.sock")
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(path)
     server.listen()
+    base = _sockets()
     died_r, died_w = os.pipe()
-    go_r, go_w = os.pipe()
-    victims = [_fork_victim(path, names[:2], names[0], died_w, go_w, None),
-               _fork_victim(path, names[2:], None, died_w, None, go_r)]
-    for fd in (died_w, go_r, go_w):
+    ready_r, ready_w = os.pipe()
+    victims = [_fork_silent(path, ready_w, heard_r),
+               _fork_victim(path, names[:2], names[0], died_w, ready_r, 1),
+               _fork_victim(path, names[2:], None, died_w, left_r, 2)]
+    for fd in (died_w, ready_r, ready_w, heard_r, left_r):
         os.close(fd)
     returned, raised, done = None, "", None
     try:
@@ -207,25 +270,58 @@ def _serve_victims(serve, tracker_cls, reclaim, names, grace):
                 os.kill(victim, signal.SIGKILL)
             os.waitpid(victim, 0)
         died = os.read(died_r, 16)
-        os.close(died_r)
+        for fd in (died_r, heard_w, left_w):
+            os.close(fd)
         server.close()
         os.unlink(path)
         os.rmdir(os.path.dirname(path))
     last = struct.unpack("dd", died)[1] if len(died) == 16 else None
     took = None if done is None or last is None else done - last
     returned = list(returned) if isinstance(returned, (list, set, tuple)) else None
-    return {"events": events, "returned": returned, "after_s": took, "raised": raised}
+    held = sockets[2] - base if len(sockets) > 2 else None
+    return {"events": events, "returned": returned, "after_s": took, "raised": raised,
+            "sockets": held}
 
 
-def _fork_victim(path, register, free, died_w, go_w, go_r) -> int:
-    """A producer: (wait for ``go_r``,) connect, register and create, free one, die by SIGKILL."""
+def _wait_for(fd: int, count: int, timeout: float) -> None:
+    """Read ``count`` bytes from ``fd``, or give up after ``timeout`` seconds."""
+    import select
+
+    end = time.monotonic() + timeout
+    while count > 0 and (left := end - time.monotonic()) > 0:
+        if select.select([fd], [], [], left)[0]:
+            got = os.read(fd, count)
+            if not got:
+                return
+            count -= len(got)
+
+
+def _fork_silent(path, ready_w, heard_r) -> int:
+    """A client that connects, says nothing, and is SIGKILLed once the loop heard producer 1
+    (or 3 s later: a loop that waits on this client alone hears nothing meanwhile)."""
     pid = os.fork()
     if pid:
         return pid
     try:
-        if go_r is not None:
-            os.read(go_r, 1)  # producer 1 is dead
-            time.sleep(0.1)  # the loop sees its EOF and closes its socket first
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.connect(path)
+        os.write(ready_w, b"!")
+        _wait_for(heard_r, 1, 3.0)
+    finally:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return pid  # never reached
+
+
+def _fork_victim(path, register, free, died_w, go_r, go_count) -> int:
+    """A producer: wait for ``go_count`` bytes on ``go_r`` (producer 1: the silent client is
+    connected; producer 2: two clients have left), connect, register and create, free one,
+    die by SIGKILL."""
+    pid = os.fork()
+    if pid:
+        return pid
+    try:
+        _wait_for(go_r, go_count, 5.0)
+        time.sleep(0.05)  # the loop accepts the silent client / closes the sockets first
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.connect(path)
         sock.sendall("".join(f"REGISTER {n}\n" for n in register).encode())
@@ -236,8 +332,6 @@ def _fork_victim(path, register, free, died_w, go_w, go_r) -> int:
             sock.sendall(f"FREE {free}\n".encode())
         time.sleep(0.1)  # let the manager read it all before the EOF
         os.write(died_w, struct.pack("d", time.monotonic()))  # CLOCK_MONOTONIC: system-wide
-        if go_w is not None:
-            os.write(go_w, b"!")
     finally:
         os.kill(os.getpid(), signal.SIGKILL)
     return pid  # never reached

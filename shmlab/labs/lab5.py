@@ -7,6 +7,7 @@ import importlib
 import mmap
 import multiprocessing
 import os
+import random
 import time
 
 from .report import Cases, answer, start_child
@@ -52,17 +53,28 @@ def check_hogwild(train_worker):
         torch, data, make_model, accuracy = _setup()
         train_worker(0, 1, make_model(seed=0), data, 0)  # 0 epochs: a stub still raises here
         shard = len(data.x_train[1::2])
-        seen = _rows_seen(train_worker, make_model(seed=0), data)
-        c.check(seen == shard, f"one epoch of worker 1 of 2 passes once over its shard "
-                f"({shard} rows; it fed the model {seen})", "each worker trains on its own "
-                "share of the data, `epochs` times: the rows rank, rank + world, ...")
+        epochs = random.choice((2, 3))  # not 1: a worker that ignores `epochs` fails
+        seen = _rows_seen(train_worker, make_model(seed=0), data, epochs)
+        c.check(seen == epochs * shard, f"{epochs} epochs of worker 1 of 2 pass {epochs} times "
+                f"over its shard ({epochs} x {shard} rows; it fed the model {seen})",
+                "each worker trains on its own share of the data, `epochs` times: the rows "
+                "rank, rank + world, ...")
         model = make_model(seed=0)
         model.share_memory()
         before = [p.detach().clone() for p in model.parameters()]
-        seconds, codes = _run(train_worker, model, data, processes=2, epochs=5)
+        watch = _Trainers(model, data.x_test)
+        try:
+            seconds, codes = _run(train_worker, model, data, processes=2, epochs=5)
+        finally:
+            watch.close()
         c.check(codes == [0, 0], f"both workers exited cleanly (exit codes {codes})",
                 "read the child's traceback above; the worker gets (rank, world, model, data, "
                 "epochs)")
+        fed = sorted(rows for rows, _ in watch.away)
+        want = sorted(5 * len(data.x_train[r::2]) for r in range(2))
+        c.check(fed == want, f"each of the 2 workers fed the shared model 5 epochs of its "
+                f"shard ({want} rows; fed {fed})", "5 passes over data.x_train[rank::world] "
+                "in each worker, on the model it was given")
         moved = any(not torch.equal(a, b) for a, b in zip(before, model.parameters(),
                                                           strict=True))
         c.check(moved, "the parent sees the parameters the children trained",
@@ -73,9 +85,8 @@ def check_hogwild(train_worker):
                 "each worker should run `epochs` passes over its shard data.x_train[rank::world]")
 
 
-
-def _rows_seen(train_worker, model, data) -> int:
-    """How many rows ``train_worker(1, 2, model, data, 1)`` feeds the model, in this process."""
+def _rows_seen(train_worker, model, data, epochs: int) -> int:
+    """How many rows ``train_worker(1, 2, model, data, epochs)`` feeds the model, here."""
     import torch
 
     class Counting(torch.nn.Module):
@@ -88,7 +99,7 @@ def _rows_seen(train_worker, model, data) -> int:
             return self.inner(x)
 
     counting = Counting(model)
-    train_worker(1, 2, counting, data, 1)
+    train_worker(1, 2, counting, data, epochs)
     return counting.rows
 
 
@@ -112,8 +123,8 @@ def check_baseline(baseline):
         c.check(any(t.here >= rows for t in here), f"it trains that model here, 5 epochs over "
                 f"all {len(data.x_train)} rows ({watch.summary()})", "one process, every row, "
                 "5 epochs: train_worker(0, 1, model, data, 5)")
-        same = [t for t in here
-                if abs(accuracy(t.model, data.x_test, data.y_test) - result["accuracy"]) < 1e-6]
+        same = [t for t in here if _same(result["accuracy"],
+                                         accuracy(t.model, data.x_test, data.y_test))]
         c.check(bool(same), "the accuracy reported is that of the model baseline() trained",
                 "report accuracy(model, data.x_test, data.y_test) of the model you trained")
         c.check(result["accuracy"] >= 0.85, f"it reaches >= 0.85 test accuracy "
@@ -181,17 +192,21 @@ class _Trainers:
     """Which processes fed one model training batches, how many rows, and when.
 
     A forward pre-hook on the model's first layer counts the rows of each batch run with grad
-    on (accuracy() runs under no_grad). The counts live in an anonymous MAP_SHARED mapping, so
-    the batches of forked workers reach the grader as well; each process claims one row of the
-    table (under a lock) at its first batch and then writes only that row.
+    on (accuracy() runs under no_grad); a batch of the test rows (x_test, or any view of its
+    storage) is an evaluation, never training, and is noted as one. The counts live in an
+    anonymous MAP_SHARED mapping, so the batches of forked workers reach the grader as well;
+    each process claims one row of the table (under a lock) at its first batch and then writes
+    only that row.
     """
 
     SLOTS = 64  # processes per model; each row: pid, rows, first batch, last batch
 
-    def __init__(self, model):
+    def __init__(self, model, x_test):
         import torch
 
         self.model, self._grad, self._me = model, torch.is_grad_enabled, os.getpid()
+        self._test = x_test
+        self.evaluated = False  # run on the test rows in this process (an accuracy by hand)
         self._map = mmap.mmap(-1, self.SLOTS * 4 * 8)  # zeros; inherited, shared, by fork
         self._cells = memoryview(self._map).cast("d")
         self._lock = multiprocessing.get_context("fork").Lock()
@@ -202,6 +217,9 @@ class _Trainers:
         self.runs: list[tuple[int, int, float, float]] = []
 
     def __call__(self, module, args):
+        if args and _is_view_of(args[0], self._test):  # the test rows: evaluated, not trained
+            self.evaluated = self.evaluated or os.getpid() == self._me
+            return
         if not self._grad():
             return
         if self._pid != os.getpid():  # this process's first batch (a fork copies our _pid)
@@ -254,6 +272,27 @@ class _Trainers:
         return max(r[3] for r in self.runs) - min(r[2] for r in self.runs)
 
 
+def _same(value, true: float) -> bool:
+    """``value`` (a float, a 0-d tensor, a numpy number) is the accuracy ``true``: a count of
+    right rows over the test set computed in float32 or in float64 differs by less than 1e-6,
+    and two different counts by 1/len(test) (> 1e-3)."""
+    try:
+        return abs(float(value) - float(true)) < 1e-4
+    except (TypeError, ValueError):
+        return False
+
+
+def _is_view_of(x, x_test) -> bool:
+    """``x`` is the test rows: a view of ``x_test``'s storage, or a copy of all of them."""
+    import torch
+
+    try:
+        return (x.untyped_storage().data_ptr() == x_test.untyped_storage().data_ptr()
+                or (x.shape == x_test.shape and torch.equal(x, x_test)))
+    except Exception:  # not a tensor
+        return False
+
+
 class _Unwatched:
     """The hook a pickled copy of a watched model gets: it counts nothing."""
 
@@ -280,12 +319,15 @@ class _Watch:
         return "; ".join(said) or "no model made"
 
     def measured_by(self, value, trainers, accuracy, data):
-        """The one of ``trainers`` whose accuracy() call returned ``value`` itself (truly)."""
-        for model, returned in self.measured:
-            for t in trainers:
-                if returned is value and model is t.model and \
-                        abs(accuracy(model, data.x_test, data.y_test) - value) < 1e-6:
-                    return t
+        """The one of ``trainers`` whose accuracy ``value`` is: what accuracy() returned for its
+        model, or a number the learner computed from that model's own run on the test rows
+        (by hand); true either way."""
+        for t in trainers:
+            if not _same(value, accuracy(t.model, data.x_test, data.y_test)):
+                continue
+            if t.evaluated or any(returned is value and model is t.model
+                                  for model, returned in self.measured):
+                return t
         return None
 
 
@@ -294,15 +336,18 @@ def _watching(measure):
     """Watch the models built while inside, and what accuracy() returned: as ``measure`` sees
     make_model and accuracy (its own globals, if it bound them) and as the module has them."""
     from ..examples import model as models
+    from ..examples.data import load_digits
 
     watch, names = _Watch(), getattr(measure, "__globals__", {})
+    x_test = getattr(names.get("data"), "x_test", None)  # the notebook's own, if it has one
+    x_test = load_digits().x_test if x_test is None else x_test
     real = {n: getattr(models, n) for n in ("make_model", "accuracy")}
     bound = {n: names[n] for n in real if n in names}
     calls = {**real, **bound}  # what the learner's own code would have called
 
     def make_model(*args, **kwargs):
         model = calls["make_model"](*args, **kwargs)
-        watch.made.append(_Trainers(model))
+        watch.made.append(_Trainers(model, x_test))
         return model
 
     def accuracy(*args, **kwargs):

@@ -8,8 +8,10 @@ Mirrors: what nbgrader's autograde reads from a kernel (each cell's execute repl
 a kernel: cells run as plain Python with ``exec``, so there is no ``get_ipython()`` whose
 ``set_custom_exc``, ``showtraceback`` or ``input_transformers_post`` a learner could bend.
 
-The job (JSON): ``cells`` — [{"role": "setup" | "reference" | "answer", "label", "source"}] in
-notebook order — and ``test``, the instructor's test cell. The runner
+The job (JSON): ``cells`` — [{"role": "setup" | "reference" | "helper" | "answer", "label",
+"source"}] in notebook order — and ``test``, the instructor's test cell (a ``helper`` is the
+learner's own code outside this exercise's answer: one that raises is reported, not scored).
+The runner
 
 1. runs the set-up and reference cells (the instructor's), then takes
    ``integrity.fingerprint()`` just before the learner's first line;
@@ -112,6 +114,13 @@ def _unsupported_reason(label: str, where: str) -> str:
             "check cell, which the grader does not run")
 
 
+def display(*objs, **kwargs) -> None:
+    """IPython's ``display()`` for plain-Python cells: print each object (its repr, as a
+    terminal IPython does), so an answer that shows a value runs here too."""
+    for obj in objs:
+        print(obj if isinstance(obj, str) else repr(obj))
+
+
 def _send(out, message: dict) -> None:
     out.write(json.dumps(message) + "\n")
     out.flush()
@@ -142,18 +151,23 @@ def run(job: dict, out) -> dict:
     main.__builtins__ = __builtins__
     sys.modules["__main__"] = main
     ns = main.__dict__
+    ns["display"] = display  # an IPython builtin an answer may call
     before = None
     setup_names: dict = {}
     for cell in job["cells"]:
-        if cell["role"] == "answer" and before is None:
+        learner = cell["role"] in ("answer", "helper")
+        if learner and before is None:
             before = integrity.fingerprint()
         _send(out, {"cell": cell["label"]})
-        filename = f"<{cell['role']} {cell['label']}>"
+        filename = f"<{'answer' if learner else cell['role']} {cell['label']}>"
         source = cell["source"]
-        if cell["role"] == "answer":
+        if learner:
             try:
                 source, notes = _plain_python(source)
             except _Unsupported as where:
+                if cell["role"] == "helper":
+                    print(f"note: the grader skipped {cell['label']} ({where}): IPython syntax")
+                    continue
                 return {"passed": False, "traceback": "",
                         "reason": _unsupported_reason(cell["label"], str(where))}
             for note in notes:
@@ -161,6 +175,9 @@ def run(job: dict, out) -> dict:
         try:
             exec(compile(source, filename, "exec"), ns)
         except BaseException as exc:  # SystemExit and KeyboardInterrupt are answers too
+            if cell["role"] == "helper":  # as in Jupyter: what it defined before it raised stays
+                print(f"note: {cell['label']} raised {type(exc).__name__}: {exc}"[:300])
+                continue
             if cell["role"] == "answer" and isinstance(exc, NotImplementedError):
                 return {"passed": False, "traceback": "", "reason": "not implemented yet: "
                         f"replace the `raise NotImplementedError()` in {cell['label']}"}
