@@ -37,16 +37,19 @@ from __future__ import annotations
 import json
 import os
 import selectors
+import shutil
 import signal
 import subprocess
 import sys
+import sysconfig
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import nbformat
 
-from . import integrity
+from . import integrity, sandbox
 from .release import SOURCE, nbgrader_meta, release_cell
 
 _RUNNER = "import sys; del sys.path[0]; from shmlab.labs.runner import main; main()"
@@ -60,6 +63,7 @@ class Exercise:
     error: str  # why it lost its points ("" if it scored them)
     output: str = ""  # what the cells and the check printed: ✅/❌ lines, hints, tracebacks
     seconds: float = 0.0
+    sandbox: str = ""  # how it was isolated (sandbox.FULL, or what was missing)
 
 
 @dataclass
@@ -78,9 +82,16 @@ class Result:
     def max_score(self) -> float:
         return sum(e.points for e in self.exercises) or self.max_points
 
+    @property
+    def isolation(self) -> str:
+        """``sandbox.FULL`` if every exercise ran fully sandboxed, else the weakest one's."""
+        weaker = [e.sandbox for e in self.exercises if e.sandbox != sandbox.FULL]
+        return weaker[0] if weaker else sandbox.FULL if self.exercises else ""
+
     def as_dict(self) -> dict:
         return {"notebook": self.notebook, "score": self.score, "max_score": self.max_score,
                 "seconds": round(self.seconds, 2), "problem": self.problem,
+                "isolation": self.isolation,
                 "exercises": [asdict(e) for e in self.exercises]}
 
 
@@ -140,20 +151,34 @@ def _learner_answers(learner_nb) -> dict[str, list[str]]:
     return found
 
 
-def run_job(job: dict, cwd, cell_timeout: float, deadline: float) -> Exercise:
-    """Run one exercise in a fresh runner process; the verdict or the reason there is none."""
+def _protected(cwd, source_dir) -> list[str]:
+    """Paths the sandbox must show read-only (it checks each and says if one is not)."""
+    paths = {sysconfig.get_paths()[k] for k in ("purelib", "platlib", "stdlib")}
+    paths |= {str(Path(__file__).resolve().parents[1]), str(cwd), str(Path(source_dir))}
+    return sorted(paths)
+
+
+def run_job(job: dict, cwd, cell_timeout: float, deadline: float,
+            source_dir=SOURCE) -> Exercise:
+    """Run one exercise in a fresh sandbox (``sandbox``); the verdict or why there is none."""
     start = time.monotonic()
     rfd, wfd = os.pipe()
-    proc = subprocess.Popen([sys.executable, "-c", _RUNNER, str(wfd)], cwd=cwd, pass_fds=(wfd,),
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, start_new_session=True)
+    tmpdir = tempfile.mkdtemp(prefix="shmlab-grade-")  # the sandbox mounts a tmpfs on it
+    argv = [sys.executable, "-I", "-S", sandbox.__file__, str(wfd), tmpdir,
+            json.dumps([sys.executable, "-c", _RUNNER]),
+            json.dumps(_protected(cwd, source_dir))]
+    proc = subprocess.Popen(argv, cwd=cwd, pass_fds=(wfd,), stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True)
     os.close(wfd)
     proc.stdin.write(json.dumps(job).encode())
     proc.stdin.close()
     output, messages, reason = _collect(proc, rfd, cell_timeout, deadline)
     with _suppress():
-        os.killpg(proc.pid, signal.SIGKILL)  # the runner and whatever the learner forked
+        os.killpg(proc.pid, signal.SIGKILL)  # the sandbox, and with it all the learner started
     proc.wait()
+    shutil.rmtree(tmpdir, ignore_errors=True)
+    isolation = next((m["sandbox"] for m in messages if "sandbox" in m), "none")
     verdict = next((m["verdict"] for m in messages if "verdict" in m), None)
     if verdict is None and not reason:
         last = next((m["cell"] for m in reversed(messages) if "cell" in m), "start-up")
@@ -163,7 +188,7 @@ def run_job(job: dict, cwd, cell_timeout: float, deadline: float) -> Exercise:
     error = reason or ("" if passed else verdict.get("reason", "failed"))
     text = output + (verdict or {}).get("traceback", "") + (f"\n-> {error}\n" if error else "")
     return Exercise(job["grade_id"], job["points"], job["points"] if passed else 0.0, error,
-                    text[-20000:], round(time.monotonic() - start, 2))
+                    text[-20000:], round(time.monotonic() - start, 2), isolation)
 
 
 class _suppress:
@@ -243,7 +268,7 @@ def grade(path, source_dir=SOURCE, timeout: float = 120, notebook_timeout: float
         return Result(str(path), [], 0.0, problem)
     source_nb = nbformat.reads(sources[path.name].decode("utf-8"), as_version=4)
     deadline = start + notebook_timeout
-    exercises = [run_job(job, str(path.parent.resolve()), timeout, deadline)
+    exercises = [run_job(job, str(path.parent.resolve()), timeout, deadline, source_dir)
                  for job in plan(source_nb, learner) if only is None or job["grade_id"] in only]
     return Result(str(path), exercises, time.monotonic() - start)
 
@@ -277,4 +302,6 @@ def print_table(result: Result) -> None:
               + (f"   {e.error}" if e.error else ""))
     if result.problem:
         print(f"  ❌ {result.problem}")
+    if result.isolation and result.isolation != sandbox.FULL:
+        print(f"  ⚠️ sandbox {result.isolation}")
     print(f"  total {result.score:g}/{result.max_score:g}")

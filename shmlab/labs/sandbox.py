@@ -1,0 +1,252 @@
+"""Each graded exercise in its own sandbox, and a checker process the learner's code cannot reach.
+
+Mirrors: bubblewrap's ``bwrap --unshare-user --unshare-pid --unshare-ipc --ro-bind / /
+--proc /proc --tmpfs /dev/shm --tmpfs $TMPDIR --die-with-parent`` (and nsjail's mount and pid
+namespaces), written out with ``unshare(2)`` and ``mount(2)`` so nothing needs installing.
+
+The grader starts this file as a script (``python -I -S sandbox.py CHANNEL TMPDIR``: stdlib
+only, so no ``.pth``, ``sitecustomize`` or package file is read before the sandbox stands) with
+the runner's command line as JSON on argv[3]. Three processes, outside in:
+
+* **the launcher** enters a new user, mount, pid and IPC namespace (``unshare``; the user
+  namespace maps the grader's own uid, so no privilege is needed) and forks the checker, which
+  is pid 1 there; it waits for it and exits with its status.
+* **the checker** (pid 1) builds the sandbox: every mount read-only (the package, the venv's
+  site-packages, the instructor copies, the notebook's folder: the whole tree), a fresh
+  ``/proc`` that shows only the sandbox's processes, a private ``/dev/shm`` and a private
+  ``TMPDIR`` (tmpfs on a folder the grader made for this run). It then leaves itself no
+  power over those mounts (a nested user namespace: the mounts stay locked read-only even for
+  "root" in there) and marks itself not dumpable (``PR_SET_DUMPABLE`` 0: no ``ptrace``, no
+  ``/proc/1/fd`` or ``/proc/1/mem`` for the processes it starts), and starts the runner.
+  The checker runs none of the learner's code and holds the only fd to the grader; the runner
+  gets a pipe to the checker and nothing else of it. When the runner exits, the checker
+  decides the verdict (``decide``), sends it and exits: the kernel then kills every process
+  left in the pid namespace, ``setsid`` daemons and double forks included, and the private
+  mounts vanish with it. As pid 1 it also ignores every signal its own processes send it.
+* **the runner** (``shmlab.labs.runner``) runs the cells and the check, and streams each
+  failed case to the checker the moment it fails.
+
+Where namespaces are unavailable (a kernel or container that forbids unprivileged user
+namespaces, ``EPERM``), the launcher is the checker itself: a private ``TMPDIR`` still, the
+same verdict rules, not dumpable, but the files stay writable and a ``setsid`` daemon can
+outlive the run. The first message says which (``{"sandbox": ...}``) and the grader's report
+says so.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import sys
+
+# <sched.h>, <sys/mount.h>, <sys/prctl.h>
+CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWIPC = 0x20000, 0x10000000, 0x20000000, 0x08000000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
+MS_REMOUNT, MS_NOATIME, MS_NODIRATIME, MS_BIND = 32, 1024, 2048, 4096
+MS_REC, MS_PRIVATE, MS_RELATIME, MS_STRICTATIME = 16384, 1 << 18, 1 << 21, 1 << 24
+PR_SET_PDEATHSIG, PR_SET_DUMPABLE = 1, 4
+# A remount inside a user namespace must keep the flags the mount was locked with.
+_KEEP = {"nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC, "noatime": MS_NOATIME,
+         "nodiratime": MS_NODIRATIME, "relatime": MS_RELATIME, "strictatime": MS_STRICTATIME}
+FULL = "namespaces (user, mount, pid, ipc): read-only files, private /dev/shm and TMPDIR"
+_MAX_LINE = 4 << 20  # a verdict with a long traceback fits; a flood does not
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _call(name: str, *args) -> None:
+    if getattr(_libc, name)(*args) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{name}: {os.strerror(err)}")
+
+
+def _mount(source, target, fstype, flags, data=None) -> None:
+    enc = (lambda s: s.encode() if isinstance(s, str) else s)
+    _call("mount", enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data))
+
+
+def _map_ids(uid: int, gid: int) -> None:
+    """Map uid and gid 0 of the user namespace just entered to the ones outside."""
+    with open("/proc/self/setgroups", "w") as f:
+        f.write("deny")
+    with open("/proc/self/uid_map", "w") as f:
+        f.write(f"0 {uid} 1")
+    with open("/proc/self/gid_map", "w") as f:
+        f.write(f"0 {gid} 1")
+
+
+def _mounts() -> list[tuple[str, int]]:
+    """(mount point, the flags a remount must keep) of every mount this namespace sees."""
+    found = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            fields = line.split()
+            point = fields[4].encode().decode("unicode_escape")  # \040 is a space
+            flags = 0
+            for opt in fields[5].split(","):
+                flags |= _KEEP.get(opt, 0)
+            found.append((point, flags))
+    return found
+
+
+def _build(tmpdir: str) -> list[str]:
+    """The mounts of the sandbox; returns the mount points that could not be made read-only."""
+    _mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing below propagates out
+    failed = []
+    for point, flags in _mounts():
+        try:
+            _mount(None, point, None, MS_BIND | MS_REMOUNT | MS_RDONLY | flags)
+        except OSError:
+            failed.append(point)
+    _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    _mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777")
+    _mount("tmpfs", tmpdir, "tmpfs", MS_NOSUID | MS_NODEV, "mode=700")
+    return [p for p in failed if not p.startswith(("/proc", "/sys"))]
+
+
+def _writable(paths) -> list[str]:
+    return [p for p in paths if os.path.exists(p) and os.access(p, os.W_OK)]
+
+
+def _send(fd: int, message: dict) -> None:
+    data = (json.dumps(message) + "\n").encode()
+    while data:
+        data = data[os.write(fd, data):]
+
+
+def decide(verdicts: list, failed_cases: list[str], saw_test: bool, garbled: int):
+    """The verdict the grader gets, from what the runner sent; None if it sent none.
+
+    The runner's own verdict is believed only when nothing contradicts it: one verdict, sent
+    after the check started, no failed case streamed before it, no line that is not the
+    runner's. A learner's code that writes a passing verdict line, or empties the ``Cases``
+    record from a thread, runs into one of these.
+    """
+    if not verdicts:
+        return None
+    verdict = verdicts[0] if isinstance(verdicts[0], dict) else {}
+    verdict = {"passed": verdict.get("passed") is True, "reason": str(verdict.get("reason", "")),
+               "traceback": str(verdict.get("traceback", ""))}
+    if not verdict["passed"]:
+        return verdict
+    doubt = ""
+    if len(verdicts) > 1:
+        doubt = f"the runner sent {len(verdicts)} verdicts, not one"
+    elif not saw_test:
+        doubt = "a verdict came before the check started"
+    elif failed_cases:
+        doubt = (f"the check failed a case ({failed_cases[0][:120]}) but the verdict said "
+                 "passed")
+    elif garbled:
+        doubt = f"{garbled} line(s) on the runner's channel were not the runner's"
+    if doubt:
+        return {"passed": False, "traceback": "",
+                "reason": f"{doubt}: something in your code wrote to the grader's channel or "
+                          "changed the check's record, so this check proves nothing"}
+    return verdict
+
+
+def check(runner: list[str], channel: int, env: dict) -> int:
+    """Run the runner, relay its progress to ``channel``, then send the checker's verdict."""
+    rfd, wfd = os.pipe()
+    proc = subprocess.Popen([*runner, str(wfd)], pass_fds=(wfd,), env=env)
+    os.close(wfd)
+    verdicts, failed, saw_test, garbled, buf = [], [], False, 0, b""
+    while True:
+        data = os.read(rfd, 65536)
+        if not data:
+            break
+        buf += data
+        *lines, buf = buf.split(b"\n")
+        if len(buf) > _MAX_LINE:
+            garbled, buf = garbled + 1, b""
+        for line in lines:
+            try:
+                msg = json.loads(line)
+                kind = next(iter(msg))
+            except (ValueError, TypeError, StopIteration):
+                garbled += 1
+                continue
+            if kind == "cell":
+                saw_test = saw_test or msg["cell"] == "test"
+                _send(channel, {"cell": str(msg["cell"])[:200]})
+            elif kind == "case":
+                failed.append(str(msg["case"]))
+            elif kind == "verdict":
+                verdicts.append(msg["verdict"])
+            else:
+                garbled += 1
+    os.close(rfd)
+    status = proc.wait()
+    _report_leftovers()
+    verdict = decide(verdicts, failed, saw_test, garbled)
+    if verdict is not None:
+        _send(channel, {"verdict": verdict})
+    return 0 if status == 0 else 1
+
+
+def _report_leftovers() -> None:
+    """Say what the learner's code left behind; the sandbox's end removes it all the same."""
+    if os.getpid() != 1:
+        return
+    alive = [p for p in os.listdir("/proc") if p.isdigit() and p != "1"]
+    shm = os.listdir("/dev/shm")
+    if alive:
+        print(f"grader: {len(alive)} process(es) your code started were still running when "
+              "the check ended; the sandbox killed them", flush=True)
+    if shm:
+        print(f"grader: {len(shm)} file(s) left in /dev/shm after the check; the sandbox "
+              "removed them", flush=True)
+
+
+def _checker(channel: int, tmpdir: str, runner: list[str], protect: list[str]) -> int:
+    """pid 1 of the sandbox: build it, give up power over it, run the runner, decide."""
+    _call("prctl", PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # the launcher killed: all go
+    try:
+        failed = _build(tmpdir)
+    except OSError as err:  # the namespaces stand (daemons still die); the files stay open
+        failed = [f"the sandbox's mounts ({err})"]
+    uid, gid = os.getuid(), os.getgid()
+    _call("unshare", CLONE_NEWUSER)  # the mounts now belong to a namespace we hold no power in
+    _map_ids(uid, gid)
+    _call("prctl", PR_SET_DUMPABLE, 0, 0, 0, 0)
+    open_ = _writable(protect)
+    level = FULL if not open_ else (f"partial: still writable {', '.join(open_)}"
+                                    f" (remount failed for {', '.join(failed) or 'none'})")
+    _send(channel, {"sandbox": level})
+    env = dict(os.environ, TMPDIR=tmpdir)
+    return check(runner, channel, env)
+
+
+def main(argv: list[str]) -> int:
+    channel, tmpdir, runner = int(argv[1]), argv[2], json.loads(argv[3])
+    protect = json.loads(argv[4]) if len(argv) > 4 else []
+    uid, gid = os.getuid(), os.getgid()
+    try:
+        _call("unshare", CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC)
+        _map_ids(uid, gid)
+    except OSError as err:
+        # No namespaces here: the best left is a private TMPDIR and a checker nobody can ptrace.
+        _call("prctl", PR_SET_DUMPABLE, 0, 0, 0, 0)
+        _send(channel, {"sandbox": f"off: user namespaces unavailable ({err.strerror}); "
+                                   "files stay writable and daemons can outlive the run"})
+        return check(runner, channel, dict(os.environ, TMPDIR=tmpdir))
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            code = _checker(channel, tmpdir, runner, protect)
+        except BaseException as exc:  # say why, and grade nothing
+            _send(channel, {"sandbox": f"broken: {type(exc).__name__}: {exc}"})
+        finally:
+            os._exit(code)
+    os.close(channel)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status) & 0xFF
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
