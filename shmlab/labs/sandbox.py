@@ -38,9 +38,11 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
+import time
 
 # <sched.h>, <sys/mount.h>, <sys/prctl.h>
 CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWIPC = 0x20000, 0x10000000, 0x20000000, 0x08000000
@@ -155,10 +157,25 @@ def check(runner: list[str], channel: int, env: dict) -> int:
     proc = subprocess.Popen([*runner, str(wfd)], pass_fds=(wfd,), env=env)
     os.close(wfd)
     verdicts, failed, saw_test, garbled, buf = [], [], False, 0, b""
+    os.set_blocking(rfd, False)
+    # Until the runner exits, not until the pipe closes: a process the learner forked may hold
+    # the pipe's write end for as long as it likes.
+    exited_at = None
     while True:
-        data = os.read(rfd, 65536)
-        if not data:
-            break
+        if exited_at is None and proc.poll() is not None:
+            exited_at = time.monotonic()
+        exited = exited_at is not None
+        if exited and time.monotonic() > exited_at + 0.5:
+            break  # what the runner wrote is read by now; the rest is somebody else's
+        ready, _, _ = select.select([rfd], [], [], 0 if exited else 0.05)
+        try:
+            data = os.read(rfd, 65536) if ready else None
+        except BlockingIOError:
+            data = None
+        if data == b"" or (data is None and exited):
+            break  # every writer closed it, or the runner is gone and nothing is left to read
+        if data is None:
+            continue
         buf += data
         *lines, buf = buf.split(b"\n")
         if len(buf) > _MAX_LINE:
@@ -166,10 +183,12 @@ def check(runner: list[str], channel: int, env: dict) -> int:
         for line in lines:
             try:
                 msg = json.loads(line)
-                kind = next(iter(msg))
-            except (ValueError, TypeError, StopIteration):
+            except ValueError:
+                msg = None
+            if not isinstance(msg, dict) or len(msg) != 1:
                 garbled += 1
                 continue
+            kind = next(iter(msg))
             if kind == "cell":
                 saw_test = saw_test or msg["cell"] == "test"
                 _send(channel, {"cell": str(msg["cell"])[:200]})
