@@ -9,6 +9,17 @@ Note — how a grade is earned, and what cannot earn one:
   exercise before it (so one mistake costs marks once: an fd leak in ex1 cannot fail ex3), the
   learner's answer cell(s) for this exercise, then the instructor's test cell. Test cells come
   only from the instructor copy; a learner's edited or deleted test changes nothing.
+* **Each exercise runs in its own sandbox** (``sandbox``: user, mount, pid and IPC
+  namespaces): every file it can see is read-only (the package, site-packages, the instructor
+  copies, the notebook's folder), ``/dev/shm`` and ``TMPDIR`` are its own, and every process
+  it started dies with it (``setsid`` daemons too). So nothing one notebook does, a ``.pth``,
+  an edited or ``.pyc``-shadowed module, rewritten copies and sums, a delayed write, a daemon
+  writing into later runners, reaches the next notebook's grade.
+* **The verdict is the checker's**: the runner's messages go to a checker process (pid 1 of
+  the sandbox) that runs none of the learner's code, holds the only fd to the grader and cannot
+  be traced or have its fds opened by the learner's processes (``PR_SET_DUMPABLE`` 0). Each
+  failed case reaches it the moment it fails; it believes a pass only from one verdict, sent
+  after the check started, with no failed case before it (``sandbox.decide``).
 * **Status, not output**: an answer cell that raises scores 0; so does a runner that dies
   (``os._exit``), hangs (per-cell and per-notebook time limits, then SIGKILL of its process
   group), or sends no verdict. Cells run as plain Python, so there is no IPython to bend
@@ -26,10 +37,30 @@ Note — how a grade is earned, and what cannot earn one:
   from memory; a notebook that writes one (or the grader's own files) scores 0 and the batch
   says so. Grading writes nothing into the source folder.
 
-Limits (what this is not): a sandbox. Learner code runs with the grader's user rights, so a
-learner who studies the runner's protocol can forge its verdict line, read the instructor's
-solutions from the installed package, or kill the grading process itself; those are beyond
-patching, swallowing, rewriting or crashing, and need an OS-level sandbox (a container per run).
+Limits — what the grader still cannot detect or prevent:
+
+* **A faithful imitation of the runner.** The check calls the learner's functions, so it runs in
+  the learner's process, and whatever the check can do there the learner's code can do too.
+  Code that writes the runner's own messages (a ``{"cell": "test"}`` line, then a passing
+  verdict) to its pipe and exits, or that rewrites the check's memory through ``ctypes``,
+  still fakes that one exercise's pass; the checker's rules catch only the plain forms. Only
+  checks that run in the checker and call the learner's code across a process boundary would
+  close this; they do not exist yet. Its reach stays one exercise of one notebook.
+* **Changed data, not code.** The fingerprint sees replaced functions, classes, methods and
+  modules of the watched modules; it does not see a changed constant, a list or dict the check
+  reads, an instance's attributes, or a patch in a module it does not watch.
+* **Reading is allowed.** The sandbox is read-only, not hidden: a notebook can read the
+  instructor copies (the solutions) in the installed package, and any file the grader's user
+  can read, other learners' notebooks included. Grade submissions from a folder per learner
+  and keep the others out of reach (a container per batch) if that matters.
+* **No network or resource isolation.** The sandbox shares the machine's network (the loopback,
+  abstract Unix sockets) and has no memory, CPU or process-count limit beyond the time limits:
+  a notebook can slow the machine, or exhaust its memory, while it runs.
+* **Timing.** Checks that measure speed share the machine with whatever else runs on it.
+* **Without namespaces** (kernels or containers that forbid unprivileged user namespaces) the
+  grader falls back to a private ``TMPDIR`` and the same checker, and every row says so
+  (``isolation``; the table prints a ⚠️ line): files stay writable and a daemon can outlive
+  its run, so grade one learner per batch there, from a fresh install.
 """
 
 from __future__ import annotations

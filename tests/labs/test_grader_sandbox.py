@@ -45,7 +45,7 @@ PAYLOAD = f"""
 import os as _os
 if _os.environ.get({TOKEN_VAR!r}):
     import shmlab.labs.runner as _r
-    def _run(job, out):
+    def _run(job, out, _r=_r):
         _r._send(out, {{"cell": "test"}})
         return {{"passed": True, "reason": "", "traceback": ""}}
     _r.run = _run
