@@ -37,7 +37,10 @@ from . import integrity
 
 # Imported before any cell; the set-up cells import the rest (the lab's module, torch for lab 5),
 # and the first fingerprint is taken after them, just before the first learner line runs.
-CHECK_MODULES = ("shmlab.labs.runner", "shmlab.labs.report", "shmlab.harness.actor")
+# shmlab.introspect is the one a check imports lazily (Cases counts /dev/shm with it): imported
+# here, a stand-in put into sys.modules by the learner is a changed entry, not a new one.
+CHECK_MODULES = ("shmlab.labs.runner", "shmlab.labs.report", "shmlab.harness.actor",
+                 "shmlab.introspect")
 
 
 # IPython syntax in a learner's cell (Note [Magics in graded cells], below).
@@ -163,11 +166,11 @@ def run(job: dict, out) -> dict:
     main.__builtins__ = __builtins__
     sys.modules["__main__"] = main
     ns = main.__dict__
-    before = None
+    before, known = None, set(sys.modules)
     setup_names: dict = {}
     for cell in job["cells"]:
         if cell["role"] == "answer" and before is None:
-            before = integrity.fingerprint()
+            before, known = integrity.fingerprint(), set(sys.modules)
         _send(out, {"cell": cell["label"]})
         filename = f"<{cell['role']} {cell['label']}>"
         source = cell["source"]
@@ -205,7 +208,8 @@ def run(job: dict, out) -> dict:
         who = _who_raised(exc)
         verdict = {"passed": False, "traceback": _learner_traceback(exc),
                    "reason": f"{who} raised {type(exc).__name__}: {exc}"[:300]}
-    changed = integrity.differences(before or {}, integrity.fingerprint())
+    changed = (integrity.differences(before or {}, integrity.fingerprint())
+               + integrity.forged_modules(known))
     if changed:
         verdict = {"passed": False, "traceback": "",
                    "reason": "your code replaced part of the grader, so this check proves "

@@ -133,7 +133,8 @@ while time.monotonic() < _until:
     }
 
 
-# In-process forgeries of one's own grade: each meets a rule of the checker (sandbox.decide).
+# In-process forgeries of one's own grade: each meets a rule of the checker (sandbox.decide) or
+# of the runner's integrity checks.
 FORGE_VERDICT = ("import os, sys, json\nos.write(int(sys.argv[1]), (json.dumps({'verdict': "
                  "{'passed': True, 'reason': '', 'traceback': ''}}) + chr(10)).encode())\n"
                  "os._exit(0)")
@@ -156,6 +157,26 @@ def pickle_size(n):
     return 354  # wrong: a canned number
 """
 
+# A stand-in for the module Cases counts /dev/shm with, put in sys.modules before the check
+# imports it; the answer (right otherwise) leaves a segment the stand-in hides.
+HIDE_THE_LEAK = f"""
+import os, sys, types
+_fake = types.ModuleType("shmlab.introspect")
+_fake.shm_segments = lambda *a, **k: []
+sys.modules["shmlab.introspect"] = _fake
+
+
+def my_rebuild_tensor(storage, offset, shape, strides, dtype):
+    return shmlab.Tensor(storage, offset, shape, strides, dtype)
+
+
+def my_reduce_tensor(t):
+    tag = os.environ["{TOKEN_VAR}"][:8]
+    open(f"/dev/shm/shmlab_{{os.getpid()}}_{{tag}}_0", "w").close()  # wrong: a leak
+    return (my_rebuild_tensor,
+            (t.untyped_storage(), t.storage_offset(), t.shape, t.stride(), t.dtype))
+"""
+
 
 def _tree(root: Path) -> dict[str, str]:
     return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
@@ -163,7 +184,10 @@ def _tree(root: Path) -> dict[str, str]:
 
 
 def _kill_token_holders(token: str) -> None:
-    """SIGKILL what is left of this test's daemons (they carry its token), by pid."""
+    """SIGKILL what is left of this test's daemons (they carry its token), by pid; remove the
+    segments its cheats left where no sandbox stopped them."""
+    for leak in Path("/dev/shm").glob(f"shmlab_*_{token[:8]}_0"):
+        leak.unlink(missing_ok=True)
     for pid in (p for p in os.listdir("/proc") if p.isdigit()):
         try:
             env = Path(f"/proc/{pid}/environ").read_bytes()
@@ -218,8 +242,9 @@ def test_no_notebook_changes_the_grade_of_the_next(throwaway, tmp_path):
         folders[name] = notebook(LAB, {"ex1_point_reducer": code}, tmp_path / f"c{n}",
                                  blank=True)
     (tmp_path / "forge").mkdir()
-    forger = notebook(LAB, {"ex1_point_reducer": FORGE_VERDICT,
-                            "ex3_pickle_size": EMPTY_THE_RECORD}, tmp_path / "forge")
+    forger = notebook(LAB, {"ex1_point_reducer": FORGE_VERDICT, "ex2_tensor_reducer":
+                            HIDE_THE_LEAK, "ex3_pickle_size": EMPTY_THE_RECORD},
+                      tmp_path / "forge")
     victims = {}
     for kind in ("blank", "full"):
         (tmp_path / kind).mkdir()
@@ -253,4 +278,5 @@ def test_no_notebook_changes_the_grade_of_the_next(throwaway, tmp_path):
     assert "before the check started" in forged["test_ex1_point_reducer"]["error"], forged
     assert forged["test_ex3_pickle_size"]["score"] == 0, forged
     assert "failed a case" in forged["test_ex3_pickle_size"]["error"], forged
-    assert forged["test_ex2_tensor_reducer"]["score"] == 3, forged  # the honest one
+    assert forged["test_ex2_tensor_reducer"]["score"] == 0, forged
+    assert "shmlab.introspect" in forged["test_ex2_tensor_reducer"]["error"], forged
