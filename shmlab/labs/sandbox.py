@@ -29,8 +29,8 @@ the runner's command line as JSON on argv[3]. Three processes, outside in:
 Where namespaces are unavailable (a kernel or container that forbids unprivileged user
 namespaces, ``EPERM``), the launcher is the checker itself: a private ``TMPDIR`` still, the
 same verdict rules, not dumpable, but the files stay writable and a ``setsid`` daemon can
-outlive the run. The first message says which (``{"sandbox": ...}``) and the grader's report
-says so.
+outlive the run (``SHMLAB_SANDBOX=off`` in the grader's environment chooses this on purpose).
+The first message says which (``{"sandbox": ...}``) and the grader's report says so.
 """
 
 from __future__ import annotations
@@ -245,6 +245,8 @@ def main(argv: list[str]) -> int:
     protect = json.loads(argv[4]) if len(argv) > 4 else []
     uid, gid = os.getuid(), os.getgid()
     try:
+        if os.environ.get("SHMLAB_SANDBOX") == "off":  # the fallback, on purpose (tests)
+            raise OSError(0, "SHMLAB_SANDBOX=off")
         _call("unshare", CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC)
         _map_ids(uid, gid)
     except OSError as err:
