@@ -95,18 +95,31 @@ def _mounts() -> list[tuple[str, int]]:
 
 
 def _build(tmpdir: str) -> list[str]:
-    """The mounts of the sandbox; returns the mount points that could not be made read-only."""
+    """The mounts of the sandbox; returns what could not be done, for the report.
+
+    The private tmpfs mounts come first and are left out of the read-only pass, so a kernel
+    that refuses one of them leaves that folder shared but usable, never read-only.
+    """
     _mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing below propagates out
-    failed = []
+    missing, own = [], set()
+    for target, mode in (("/dev/shm", "mode=1777"), (tmpdir, "mode=700")):
+        own.add(target)
+        try:
+            _mount("tmpfs", target, "tmpfs", MS_NOSUID | MS_NODEV, mode)
+        except OSError as err:
+            missing.append(f"a private {target} ({err.strerror})")
     for point, flags in _mounts():
+        if point in own or point.startswith(("/proc", "/sys")):
+            continue
         try:
             _mount(None, point, None, MS_BIND | MS_REMOUNT | MS_RDONLY | flags)
-        except OSError:
-            failed.append(point)
-    _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
-    _mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777")
-    _mount("tmpfs", tmpdir, "tmpfs", MS_NOSUID | MS_NODEV, "mode=700")
-    return [p for p in failed if not p.startswith(("/proc", "/sys"))]
+        except OSError as err:
+            missing.append(f"read-only {point} ({err.strerror})")
+    try:
+        _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    except OSError as err:
+        missing.append(f"a /proc of its own ({err.strerror})")
+    return missing
 
 
 def _writable(paths) -> list[str]:
@@ -225,16 +238,17 @@ def _checker(channel: int, tmpdir: str, runner: list[str], protect: list[str]) -
     """pid 1 of the sandbox: build it, give up power over it, run the runner, decide."""
     _call("prctl", PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # the launcher killed: all go
     try:
-        failed = _build(tmpdir)
+        missing = _build(tmpdir)
     except OSError as err:  # the namespaces stand (daemons still die); the files stay open
-        failed = [f"the sandbox's mounts ({err})"]
+        missing = [f"any mount of its own ({err.strerror})"]
     uid, gid = os.getuid(), os.getgid()
     _call("unshare", CLONE_NEWUSER)  # the mounts now belong to a namespace we hold no power in
     _map_ids(uid, gid)
     _call("prctl", PR_SET_DUMPABLE, 0, 0, 0, 0)
     open_ = _writable(protect)
-    level = FULL if not open_ else (f"partial: still writable {', '.join(open_)}"
-                                    f" (remount failed for {', '.join(failed) or 'none'})")
+    level = FULL if not (open_ or missing) else (
+        f"partial: no {'; no '.join(missing) or 'failure reported'}"
+        + (f"; still writable: {', '.join(open_)}" if open_ else ""))
     _send(channel, {"sandbox": level})
     env = dict(os.environ, TMPDIR=tmpdir)
     return check(runner, channel, env)

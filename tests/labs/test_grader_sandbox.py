@@ -280,3 +280,22 @@ def test_no_notebook_changes_the_grade_of_the_next(throwaway, tmp_path):
     assert "failed a case" in forged["test_ex3_pickle_size"]["error"], forged
     assert forged["test_ex2_tensor_reducer"]["score"] == 0, forged
     assert "shmlab.introspect" in forged["test_ex2_tensor_reducer"]["error"], forged
+
+
+@pytest.mark.timeout(120)
+def test_each_row_says_how_it_was_isolated_and_the_fallback_still_grades(tmp_path, monkeypatch,
+                                                                         capsys):
+    from shmlab.labs import grade
+
+    path = notebook(LAB, {}, tmp_path)
+    only = {"test_ex3_pickle_size"}
+    sandboxed = grade.grade(path, only=only)
+    monkeypatch.setenv("SHMLAB_SANDBOX", "off")  # as where user namespaces are forbidden
+    fallback = grade.grade(path, only=only)
+    assert sandboxed.score == fallback.score == 1, (sandboxed.as_dict(), fallback.as_dict())
+    if not sandboxed.isolation.startswith("off"):
+        assert sandboxed.isolation == sandbox.FULL, sandboxed.as_dict()
+    assert fallback.isolation.startswith("off: user namespaces unavailable"), fallback.as_dict()
+    assert fallback.as_dict()["isolation"] == fallback.isolation
+    grade.print_table(fallback)
+    assert "⚠️ sandbox off" in capsys.readouterr().out
