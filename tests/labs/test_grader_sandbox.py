@@ -153,6 +153,10 @@ def pickle_size(n):
         for value in list(frame.f_locals.values()):
             if type(value).__name__ == "Cases" and not isinstance(value.failed, _Forgets):
                 value.failed = _Forgets()
+                try:
+                    value.check = lambda ok, what, hint="": True  # every case passes
+                except AttributeError:
+                    pass
         frame = frame.f_back
     return 354  # wrong: a canned number
 """
