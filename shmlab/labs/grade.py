@@ -11,8 +11,9 @@ Note — how a grade is earned, and what cannot earn one:
   only from the instructor copy; a learner's edited or deleted test changes nothing.
 * **Each exercise runs in its own sandbox** (``sandbox``: user, mount, pid and IPC
   namespaces): every file it can see is read-only (the package, site-packages, the instructor
-  copies, the notebook's folder), ``/dev/shm`` and ``TMPDIR`` are its own, and every process
-  it started dies with it (``setsid`` daemons too). So nothing one notebook does, a ``.pth``,
+  copies) but the notebook's folder, where writes go to a throwaway overlay; ``/dev/shm`` and
+  ``TMPDIR`` are its own, and every process it started dies with it (``setsid`` daemons too).
+  So nothing one notebook does, a ``.pth``,
   an edited or ``.pyc``-shadowed module, rewritten copies and sums, a delayed write, a daemon
   writing into later runners, reaches the next notebook's grade.
 * **The verdict is the checker's**: the runner's messages go to a checker process (pid 1 of
@@ -22,8 +23,9 @@ Note — how a grade is earned, and what cannot earn one:
   after the check started, with no failed case before it (``sandbox.decide``).
 * **Status, not output**: an answer cell that raises scores 0; so does a runner that dies
   (``os._exit``), hangs (per-cell and per-notebook time limits, then SIGKILL of its process
-  group), or sends no verdict. Cells run as plain Python, so there is no IPython to bend
-  (``set_custom_exc``, ``showtraceback``, ``input_transformers_post`` raise NameError).
+  group and sandbox), or sends no verdict. Cells run as plain Python, so there is no IPython
+  to bend (``set_custom_exc``, ``showtraceback``, ``input_transformers_post`` raise
+  NameError).
 * **IPython syntax** in an answer cell (``%time``, ``!ls``, ``%%bash``) is a SyntaxError in
   plain Python. The runner rewrites the harmless magics (timing, set-up) into the Python they
   wrap and says so in the output; any other magic or shell escape scores 0 with a message that
@@ -183,9 +185,12 @@ def _learner_answers(learner_nb) -> dict[str, list[str]]:
 
 
 def _protected(cwd, source_dir) -> list[str]:
-    """Paths the sandbox must show read-only (it checks each and says if one is not)."""
+    """Paths the sandbox must show read-only (it checks each and says if one is not).
+
+    Not the notebook's folder: the sandbox lays a throwaway overlay over it (``sandbox``).
+    """
     paths = {sysconfig.get_paths()[k] for k in ("purelib", "platlib", "stdlib")}
-    paths |= {str(Path(__file__).resolve().parents[1]), str(cwd), str(Path(source_dir))}
+    paths |= {str(Path(__file__).resolve().parents[1]), str(Path(source_dir))}
     return sorted(paths)
 
 

@@ -12,7 +12,9 @@ the runner's command line as JSON on argv[3]. Three processes, outside in:
   namespace maps the grader's own uid, so no privilege is needed) and forks the checker, which
   is pid 1 there; it waits for it and exits with its status.
 * **the checker** (pid 1) builds the sandbox: every mount read-only (the package, the venv's
-  site-packages, the instructor copies, the notebook's folder: the whole tree), a fresh
+  site-packages, the instructor copies: the whole tree), the notebook's folder writable
+  through an overlay whose writes vanish with the sandbox (read-only where the kernel refuses
+  an overlay), a fresh
   ``/proc`` that shows only the sandbox's processes, a private ``/dev/shm`` and a private
   ``TMPDIR`` (tmpfs on a folder the grader made for this run). It then leaves itself no
   power over those mounts (a nested user namespace: the mounts stay locked read-only even for
@@ -108,6 +110,8 @@ def _build(tmpdir: str) -> list[str]:
             _mount("tmpfs", target, "tmpfs", MS_NOSUID | MS_NODEV, mode)
         except OSError as err:
             missing.append(f"a private {target} ({err.strerror})")
+    if tmpdir in own and not missing[-1:] and _scratch_over_cwd(tmpdir):
+        own.add(os.getcwd())
     for point, flags in _mounts():
         if point in own or point.startswith(("/proc", "/sys")):
             continue
@@ -120,6 +124,30 @@ def _build(tmpdir: str) -> list[str]:
     except OSError as err:
         missing.append(f"a /proc of its own ({err.strerror})")
     return missing
+
+
+def _scratch_over_cwd(tmpdir: str) -> bool:
+    """The notebook's folder, writable through an overlay whose writes vanish with the sandbox.
+
+    An answer may write a scratch file next to itself, as it could in Jupyter; the real folder
+    (other notebooks may sit there) stays untouched. Where the kernel refuses an overlay the
+    folder is read-only like everything else.
+    """
+    cwd = os.getcwd()
+    if any(c in cwd for c in ",:\\"):  # overlay's option syntax cannot name it
+        return False
+    os.mkdir(f"{tmpdir}/upper")
+    os.mkdir(f"{tmpdir}/work")
+    try:
+        _mount("overlay", cwd, "overlay", MS_NOSUID | MS_NODEV,
+               f"lowerdir={cwd},upperdir={tmpdir}/upper,workdir={tmpdir}/work")
+    except OSError:
+        return False
+    finally:
+        # A fresh tmpfs over it: TMPDIR starts empty, the overlay keeps its own layers.
+        _mount("tmpfs", tmpdir, "tmpfs", MS_NOSUID | MS_NODEV, "mode=700")
+    os.chdir(cwd)  # into the overlay: our old cwd is the folder beneath it
+    return True
 
 
 def _writable(paths) -> list[str]:
