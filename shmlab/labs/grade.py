@@ -207,8 +207,10 @@ def run_job(job: dict, cwd, cell_timeout: float, deadline: float,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             start_new_session=True)
     os.close(wfd)
-    proc.stdin.write(json.dumps(job).encode())
-    proc.stdin.close()
+    with _suppress():  # a sandbox that died before its runner read the job: a row says so
+        proc.stdin.write(json.dumps(job).encode())
+    with _suppress():
+        proc.stdin.close()
     output, messages, reason = _collect(proc, rfd, cell_timeout, deadline)
     with _suppress():
         os.killpg(proc.pid, signal.SIGKILL)  # the sandbox, and with it all the learner started
