@@ -151,7 +151,17 @@ def _scratch_over_cwd(tmpdir: str) -> bool:
 
 
 def _writable(paths) -> list[str]:
-    return [p for p in paths if os.path.exists(p) and os.access(p, os.W_OK)]
+    """The paths still writable for real: under the notebook's overlay, writes vanish."""
+    cwd = os.getcwd()
+    overlaid = any(m == cwd and f == "overlay" for m, f in _fstypes())
+    return [p for p in paths if os.path.exists(p) and os.access(p, os.W_OK)
+            and not (overlaid and os.path.commonpath([p, cwd]) == cwd)]
+
+
+def _fstypes() -> list[tuple[str, str]]:
+    with open("/proc/self/mountinfo") as f:
+        return [(line.split()[4].encode().decode("unicode_escape"),
+                 line.split(" - ")[1].split()[0]) for line in f]
 
 
 def _send(fd: int, message: dict) -> None:
