@@ -132,10 +132,13 @@ def _record(fp: dict, where: tuple, value, own: bool) -> None:
 def differences(before: dict, after: dict) -> list[str]:
     """What a learner's code replaced: entries whose object changed or went away.
 
-    New entries are ignored: importing a module or a lazily created attribute is not a patch.
+    New entries are ignored: importing a module or a lazily created attribute is not a patch
+    (``forged_modules`` looks at new modules). A replaced module comes first: it explains the
+    attributes that went with it.
     """
-    return sorted(".".join(map(str, k)).replace("sys.modules.", "sys.modules[") for k, v in
-                  before.items() if after.get(k) != v)
+    changed = (".".join(map(str, k)).replace("sys.modules.", "sys.modules[") for k, v in
+               before.items() if after.get(k) != v)
+    return sorted(changed, key=lambda name: (not name.startswith("sys.modules["), name))
 
 
 def forged_modules(known) -> list[str]:
