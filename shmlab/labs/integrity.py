@@ -136,8 +136,8 @@ def differences(before: dict, after: dict) -> list[str]:
     (``forged_modules`` looks at new modules). A replaced module comes first: it explains the
     attributes that went with it.
     """
-    changed = (".".join(map(str, k)).replace("sys.modules.", "sys.modules[") for k, v in
-               before.items() if after.get(k) != v)
+    changed = (f"sys.modules[{k[1]}]" if k[0] == "sys.modules" else ".".join(map(str, k))
+               for k, v in before.items() if after.get(k) != v)
     return sorted(changed, key=lambda name: (not name.startswith("sys.modules["), name))
 
 
