@@ -48,9 +48,12 @@ Limits — what the grader still cannot detect or prevent:
   still fakes that one exercise's pass; the checker's rules catch only the plain forms. Only
   checks that run in the checker and call the learner's code across a process boundary would
   close this; they do not exist yet. Its reach stays one exercise of one notebook.
-* **Changed data, not code.** The fingerprint sees replaced functions, classes, methods and
-  modules of the watched modules; it does not see a changed constant, a list or dict the check
-  reads, an instance's attributes, or a patch in a module it does not watch.
+* **Changed data, not code, and patches that undo themselves.** The fingerprint sees replaced
+  functions, classes, methods and modules of the watched modules, as they are before the
+  learner's first line and after the check; it does not see a changed constant, a list or dict
+  the check reads, an instance's attributes, a patch in a module it does not watch, or a patch
+  that is put back before the check ends. (A failed case is safe once it happened: it reached
+  the checker already.)
 * **Reading is allowed.** The sandbox is read-only, not hidden: a notebook can read the
   instructor copies (the solutions) in the installed package, and any file the grader's user
   can read, other learners' notebooks included. Grade submissions from a folder per learner

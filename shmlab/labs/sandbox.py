@@ -26,7 +26,9 @@ the runner's command line as JSON on argv[3]. Three processes, outside in:
   left in the pid namespace, ``setsid`` daemons and double forks included, and the private
   mounts vanish with it. As pid 1 it also ignores every signal its own processes send it.
 * **the runner** (``shmlab.labs.runner``) runs the cells and the check, and streams each
-  failed case to the checker the moment it fails.
+  failed case to the checker the moment it fails. It shares two fds with the grader, both
+  text only: stdin (the job) and stdout (what the cells print, shown to the learner); the
+  verdict travels only on the checker's fd.
 
 Where namespaces are unavailable (a kernel or container that forbids unprivileged user
 namespaces, ``EPERM``), the launcher is the checker itself: a private ``TMPDIR`` still, the
