@@ -236,6 +236,7 @@ def _grade(python, env, paths, cwd) -> dict[str, dict]:
     return {r["notebook"]: r for r in json.loads(out.stdout)}
 
 
+@pytest.mark.slow
 def test_no_notebook_changes_the_grade_of_the_next(throwaway, tmp_path):
     python, copy, site, env = throwaway
     before = {"package": _tree(copy), "site": _tree(site)}
