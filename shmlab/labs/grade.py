@@ -11,11 +11,11 @@ Note — how a grade is earned, and what cannot earn one:
   only from the instructor copy; a learner's edited or deleted test changes nothing.
 * **Each exercise runs in its own sandbox** (``sandbox``: user, mount, pid and IPC
   namespaces): every file it can see is read-only (the package, site-packages, the instructor
-  copies) but the notebook's folder, where writes go to a throwaway overlay; ``/dev/shm`` and
-  ``TMPDIR`` are its own, and every process it started dies with it (``setsid`` daemons too).
-  So nothing one notebook does, a ``.pth``,
-  an edited or ``.pyc``-shadowed module, rewritten copies and sums, a delayed write, a daemon
-  writing into later runners, reaches the next notebook's grade.
+  copies) but ``/tmp`` and the notebook's folder, where writes go to throwaway overlays;
+  ``/dev/shm`` and ``TMPDIR`` are its own, and every process it started dies with it
+  (``setsid`` daemons too). So nothing one notebook does, a ``.pth``, an edited or
+  ``.pyc``-shadowed module, rewritten copies and sums, a delayed write, a daemon writing into
+  later runners, reaches the next notebook's grade.
 * **The verdict is the checker's**: the runner's messages go to a checker process (pid 1 of
   the sandbox) that runs none of the learner's code, holds the only fd to the grader and cannot
   be traced or have its fds opened by the learner's processes (``PR_SET_DUMPABLE`` 0). Each

@@ -12,9 +12,9 @@ the runner's command line as JSON on argv[3]. Three processes, outside in:
   namespace maps the grader's own uid, so no privilege is needed) and forks the checker, which
   is pid 1 there; it waits for it and exits with its status.
 * **the checker** (pid 1) builds the sandbox: every mount read-only (the package, the venv's
-  site-packages, the instructor copies: the whole tree), the notebook's folder writable
-  through an overlay whose writes vanish with the sandbox (read-only where the kernel refuses
-  an overlay), a fresh
+  site-packages, the instructor copies: the whole tree), ``/tmp`` and the notebook's folder
+  writable through overlays whose writes vanish with the sandbox (read-only where the kernel
+  refuses an overlay), a fresh
   ``/proc`` that shows only the sandbox's processes, a private ``/dev/shm`` and a private
   ``TMPDIR`` (tmpfs on a folder the grader made for this run). It then leaves itself no
   power over those mounts (a nested user namespace: the mounts stay locked read-only even for
@@ -57,7 +57,8 @@ PR_SET_PDEATHSIG, PR_SET_DUMPABLE = 1, 4
 # A remount inside a user namespace must keep the flags the mount was locked with.
 _KEEP = {"nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC, "noatime": MS_NOATIME,
          "nodiratime": MS_NODIRATIME, "relatime": MS_RELATIME, "strictatime": MS_STRICTATIME}
-FULL = "namespaces (user, mount, pid, ipc): read-only files, private /dev/shm and TMPDIR"
+FULL = ("namespaces (user, mount, pid, ipc): read-only files (throwaway overlays on /tmp and "
+        "the notebook's folder), private /dev/shm and TMPDIR")
 _MAX_LINE = 4 << 20  # a verdict with a long traceback fits; a flood does not
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -98,8 +99,8 @@ def _mounts() -> list[tuple[str, int]]:
     return found
 
 
-def _build(tmpdir: str) -> list[str]:
-    """The mounts of the sandbox; returns what could not be done, for the report.
+def _build(tmpdir: str) -> tuple[list[str], list[str]]:
+    """The mounts of the sandbox: (what could not be done, for the report; the overlaid dirs).
 
     The private tmpfs mounts come first and are left out of the read-only pass, so a kernel
     that refuses one of them leaves that folder shared but usable, never read-only.
@@ -112,8 +113,8 @@ def _build(tmpdir: str) -> list[str]:
             _mount("tmpfs", target, "tmpfs", MS_NOSUID | MS_NODEV, mode)
         except OSError as err:
             missing.append(f"a private {target} ({err.strerror})")
-    if tmpdir in own and not missing[-1:] and _scratch_over_cwd(tmpdir):
-        own.add(os.getcwd())
+    overlaid = _scratch_overlays(tmpdir) if not missing else []
+    own.update(overlaid)
     for point, flags in _mounts():
         if point in own or point.startswith(("/proc", "/sys")):
             continue
@@ -125,45 +126,44 @@ def _build(tmpdir: str) -> list[str]:
         _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     except OSError as err:
         missing.append(f"a /proc of its own ({err.strerror})")
-    return missing
+    return missing, overlaid
 
 
-def _scratch_over_cwd(tmpdir: str) -> bool:
-    """The notebook's folder, writable through an overlay whose writes vanish with the sandbox.
+def _scratch_overlays(tmpdir: str) -> list[str]:
+    """``/tmp`` and the notebook's folder, writable through overlays whose writes vanish.
 
-    An answer may write a scratch file next to itself, as it could in Jupyter; the real folder
-    (other notebooks may sit there) stays untouched. Where the kernel refuses an overlay the
-    folder is read-only like everything else.
+    An answer may write a scratch file next to itself or under a hard-coded ``/tmp``, as it
+    could in Jupyter; the real folders (other notebooks may sit there) stay untouched. The
+    layers live in the tmpfs on ``tmpdir``, which a fresh tmpfs then covers, so TMPDIR starts
+    empty. A folder with other mounts below it is left read-only (an overlay would hide them),
+    and so is any folder where the kernel refuses an overlay. Returns the overlaid folders.
     """
     cwd = os.getcwd()
-    if any(c in cwd for c in ",:\\"):  # overlay's option syntax cannot name it
-        return False
-    os.mkdir(f"{tmpdir}/upper")
-    os.mkdir(f"{tmpdir}/work")
-    try:
-        _mount("overlay", cwd, "overlay", MS_NOSUID | MS_NODEV,
-               f"lowerdir={cwd},upperdir={tmpdir}/upper,workdir={tmpdir}/work")
-    except OSError:
-        return False
-    finally:
-        # A fresh tmpfs over it: TMPDIR starts empty, the overlay keeps its own layers.
-        _mount("tmpfs", tmpdir, "tmpfs", MS_NOSUID | MS_NODEV, "mode=700")
-    os.chdir(cwd)  # into the overlay: our old cwd is the folder beneath it
-    return True
+    below = [p for p, _ in _mounts()]
+    targets = [d for d in (cwd, "/tmp") if os.path.isdir(d) and d != "/"
+               and not any(c in d for c in ",:\\")  # overlay's option syntax cannot name it
+               and not any(p.startswith(d + "/") and not p.startswith(tmpdir) for p in below)]
+    if "/tmp" in targets and (cwd + "/").startswith("/tmp/"):
+        targets.remove(cwd)  # the /tmp overlay covers it
+    done = []
+    for n, target in enumerate(targets):
+        os.mkdir(f"{tmpdir}/upper{n}")
+        os.mkdir(f"{tmpdir}/work{n}")
+        try:
+            _mount("overlay", target, "overlay", MS_NOSUID | MS_NODEV,
+                   f"lowerdir={target},upperdir={tmpdir}/upper{n},workdir={tmpdir}/work{n}")
+            done.append(target)
+        except OSError:
+            pass
+    _mount("tmpfs", tmpdir, "tmpfs", MS_NOSUID | MS_NODEV, "mode=700")
+    os.chdir(cwd)  # into its overlay: our old cwd is the folder beneath it
+    return done
 
 
-def _writable(paths) -> list[str]:
-    """The paths still writable for real: under the notebook's overlay, writes vanish."""
-    cwd = os.getcwd()
-    overlaid = any(m == cwd and f == "overlay" for m, f in _fstypes())
+def _writable(paths, overlaid: list[str]) -> list[str]:
+    """The paths still writable for real: under an overlay, writes vanish with the sandbox."""
     return [p for p in paths if os.path.exists(p) and os.access(p, os.W_OK)
-            and not (overlaid and os.path.commonpath([p, cwd]) == cwd)]
-
-
-def _fstypes() -> list[tuple[str, str]]:
-    with open("/proc/self/mountinfo") as f:
-        return [(line.split()[4].encode().decode("unicode_escape"),
-                 line.split(" - ")[1].split()[0]) for line in f]
+            and not any(os.path.commonpath([p, d]) == d for d in overlaid)]
 
 
 def _send(fd: int, message: dict) -> None:
@@ -278,9 +278,9 @@ def _checker(channel: int, tmpdir: str, runner: list[str], protect: list[str]) -
     """pid 1 of the sandbox: build it, give up power over it, run the runner, decide."""
     _call("prctl", PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # the launcher killed: all go
     try:
-        missing = _build(tmpdir)
+        missing, overlaid = _build(tmpdir)
     except OSError as err:  # the namespaces stand (daemons still die); the files stay open
-        missing = [f"any mount of its own ({err.strerror})"]
+        missing, overlaid = [f"any mount of its own ({err.strerror})"], []
     uid, gid = os.getuid(), os.getgid()
     try:
         _call("unshare", CLONE_NEWUSER)  # the mounts now belong to a namespace we have no say in
@@ -288,7 +288,7 @@ def _checker(channel: int, tmpdir: str, runner: list[str], protect: list[str]) -
     except OSError as err:  # the learner's code could remount them writable
         missing.append(f"locked mounts ({err.strerror})")
     _call("prctl", PR_SET_DUMPABLE, 0, 0, 0, 0)
-    open_ = _writable(protect)
+    open_ = _writable(protect, overlaid)
     level = FULL if not (open_ or missing) else (
         f"partial: no {'; no '.join(missing) or 'failure reported'}"
         + (f"; still writable: {', '.join(open_)}" if open_ else ""))

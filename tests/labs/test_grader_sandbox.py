@@ -271,13 +271,13 @@ def test_no_notebook_changes_the_grade_of_the_next(throwaway, tmp_path):
     assert second[str(victims["full"])]["score"] == 6, second[str(victims["full"])]
     # Full, or partial where this kernel refused a piece (the row names it): never none.
     assert second[str(victims["full"])]["isolation"].startswith((sandbox.FULL, "partial"))
-    # The copies the attacks aimed at are as they were...
-    assert {"package": _tree(copy), "site": _tree(site)} == before
+    # Each attack ran (in the sandbox: a read-only file, or a write to a throwaway overlay
+    # over /tmp, where the copies are), and the copies it aimed at are as they were.
     for name, path in folders.items():
         out = first[str(path)]["exercises"][0]["output"]
-        assert f"ATTACK {name}" in out, (name, out)  # ...because each attack ran and failed
-        assert "done" not in out.split(f"ATTACK {name}")[1][:20], (name, out)
+        assert f"ATTACK {name}" in out, (name, out)
         assert first[str(path)]["score"] == 0, first[str(path)]
+    assert {"package": _tree(copy), "site": _tree(site)} == before
 
     forged = {e["grade_id"]: e for e in first[str(forger)]["exercises"]}
     assert forged["test_ex1_point_reducer"]["score"] == 0, forged
