@@ -11,10 +11,23 @@ Note — how a grade is earned, and what cannot earn one:
   own helper cells above, and the definitions in their other answers, run too (Note [The
   learner's notebook as written]). Test cells come
   only from the instructor copy; a learner's edited or deleted test changes nothing.
+* **Each exercise runs in its own sandbox** (``sandbox``: user, mount, pid and IPC
+  namespaces): every file it can see is read-only (the package, site-packages, the instructor
+  copies) but ``/tmp`` and the notebook's folder, where writes go to throwaway overlays;
+  ``/dev/shm`` and ``TMPDIR`` are its own, and every process it started dies with it
+  (``setsid`` daemons too). So nothing one notebook does, a ``.pth``, an edited or
+  ``.pyc``-shadowed module, rewritten copies and sums, a delayed write, a daemon writing into
+  later runners, reaches the next notebook's grade.
+* **The verdict is the checker's**: the runner's messages go to a checker process (pid 1 of
+  the sandbox) that runs none of the learner's code, holds the only fd to the grader and cannot
+  be traced or have its fds opened by the learner's processes (``PR_SET_DUMPABLE`` 0). Each
+  failed case reaches it the moment it fails; it believes a pass only from one verdict, sent
+  after the check started, with no failed case before it (``sandbox.decide``).
 * **Status, not output**: an answer cell that raises scores 0; so does a runner that dies
   (``os._exit``), hangs (per-cell and per-notebook time limits, then SIGKILL of its process
-  group), or sends no verdict. Cells run as plain Python, so there is no IPython to bend
-  (``set_custom_exc``, ``showtraceback``, ``input_transformers_post`` raise NameError).
+  group and sandbox), or sends no verdict. Cells run as plain Python, so there is no IPython
+  to bend (``set_custom_exc``, ``showtraceback``, ``input_transformers_post`` raise
+  NameError).
 * **IPython syntax** in an answer cell (``%time``, ``!ls``, ``%%bash``) is a SyntaxError in
   plain Python. The runner rewrites the harmless magics (timing, set-up) into the Python they
   wrap and says so in the output; any other magic or shell escape scores 0 with a message that
@@ -28,10 +41,33 @@ Note — how a grade is earned, and what cannot earn one:
   from memory; a notebook that writes one (or the grader's own files) scores 0 and the batch
   says so. Grading writes nothing into the source folder.
 
-Limits (what this is not): a sandbox. Learner code runs with the grader's user rights, so a
-learner who studies the runner's protocol can forge its verdict line, read the instructor's
-solutions from the installed package, or kill the grading process itself; those are beyond
-patching, swallowing, rewriting or crashing, and need an OS-level sandbox (a container per run).
+Limits — what the grader still cannot detect or prevent:
+
+* **A faithful imitation of the runner.** The check calls the learner's functions, so it runs in
+  the learner's process, and whatever the check can do there the learner's code can do too.
+  Code that writes the runner's own messages (a ``{"cell": "test"}`` line, then a passing
+  verdict) to its pipe and exits, or that rewrites the check's memory through ``ctypes``,
+  still fakes that one exercise's pass; the checker's rules catch only the plain forms. Only
+  checks that run in the checker and call the learner's code across a process boundary would
+  close this; they do not exist yet. Its reach stays one exercise of one notebook.
+* **Changed data, not code, and patches that undo themselves.** The fingerprint sees replaced
+  functions, classes, methods and modules of the watched modules, as they are before the
+  learner's first line and after the check; it does not see a changed constant, a list or dict
+  the check reads, an instance's attributes, a patch in a module it does not watch, or a patch
+  that is put back before the check ends. (A failed case is safe once it happened: it reached
+  the checker already.)
+* **Reading is allowed.** The sandbox is read-only, not hidden: a notebook can read the
+  instructor copies (the solutions) in the installed package, and any file the grader's user
+  can read, other learners' notebooks included. Grade submissions from a folder per learner
+  and keep the others out of reach (a container per batch) if that matters.
+* **No network or resource isolation.** The sandbox shares the machine's network (the loopback,
+  abstract Unix sockets) and has no memory, CPU or process-count limit beyond the time limits:
+  a notebook can slow the machine, or exhaust its memory, while it runs.
+* **Timing.** Checks that measure speed share the machine with whatever else runs on it.
+* **Without namespaces** (kernels or containers that forbid unprivileged user namespaces) the
+  grader falls back to a private ``TMPDIR`` and the same checker, and every row says so
+  (``isolation``; the table prints a ⚠️ line): files stay writable and a daemon can outlive
+  its run, so grade one learner per batch there, from a fresh install.
 """
 
 from __future__ import annotations
@@ -40,16 +76,19 @@ import ast
 import json
 import os
 import selectors
+import shutil
 import signal
 import subprocess
 import sys
+import sysconfig
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import nbformat
 
-from . import integrity
+from . import integrity, sandbox
 from .release import SOURCE, nbgrader_meta, release_cell
 
 _RUNNER = "import sys; del sys.path[0]; from shmlab.labs.runner import main; main()"
@@ -63,6 +102,7 @@ class Exercise:
     error: str  # why it lost its points ("" if it scored them)
     output: str = ""  # what the cells and the check printed: ✅/❌ lines, hints, tracebacks
     seconds: float = 0.0
+    sandbox: str = ""  # how it was isolated (sandbox.FULL, or what was missing)
 
 
 @dataclass
@@ -81,9 +121,16 @@ class Result:
     def max_score(self) -> float:
         return sum(e.points for e in self.exercises) or self.max_points
 
+    @property
+    def isolation(self) -> str:
+        """``sandbox.FULL`` if every exercise ran fully sandboxed, else the weakest one's."""
+        weaker = [e.sandbox for e in self.exercises if e.sandbox != sandbox.FULL]
+        return weaker[0] if weaker else sandbox.FULL if self.exercises else ""
+
     def as_dict(self) -> dict:
         return {"notebook": self.notebook, "score": self.score, "max_score": self.max_score,
                 "seconds": round(self.seconds, 2), "problem": self.problem,
+                "isolation": self.isolation,
                 "exercises": [asdict(e) for e in self.exercises]}
 
 
@@ -187,20 +234,39 @@ def _learner_cells(learner_nb) -> tuple[dict[str, str], dict[str, list[str]]]:
     return answers, extras
 
 
-def run_job(job: dict, cwd, cell_timeout: float, deadline: float) -> Exercise:
-    """Run one exercise in a fresh runner process; the verdict or the reason there is none."""
+def _protected(cwd, source_dir) -> list[str]:
+    """Paths the sandbox must show read-only (it checks each and says if one is not).
+
+    Not the notebook's folder: the sandbox lays a throwaway overlay over it (``sandbox``).
+    """
+    paths = {sysconfig.get_paths()[k] for k in ("purelib", "platlib", "stdlib")}
+    paths |= {str(Path(__file__).resolve().parents[1]), str(Path(source_dir))}
+    return sorted(paths)
+
+
+def run_job(job: dict, cwd, cell_timeout: float, deadline: float,
+            source_dir=SOURCE) -> Exercise:
+    """Run one exercise in a fresh sandbox (``sandbox``); the verdict or why there is none."""
     start = time.monotonic()
     rfd, wfd = os.pipe()
-    proc = subprocess.Popen([sys.executable, "-c", _RUNNER, str(wfd)], cwd=cwd, pass_fds=(wfd,),
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, start_new_session=True)
+    tmpdir = tempfile.mkdtemp(prefix="shmlab-grade-")  # the sandbox mounts a tmpfs on it
+    argv = [sys.executable, "-I", "-S", sandbox.__file__, str(wfd), tmpdir,
+            json.dumps([sys.executable, "-c", _RUNNER]),
+            json.dumps(_protected(cwd, source_dir))]
+    proc = subprocess.Popen(argv, cwd=cwd, pass_fds=(wfd,), stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True)
     os.close(wfd)
-    proc.stdin.write(json.dumps(job).encode())
-    proc.stdin.close()
+    with _suppress():  # a sandbox that died before its runner read the job: a row says so
+        proc.stdin.write(json.dumps(job).encode())
+    with _suppress():
+        proc.stdin.close()
     output, messages, reason = _collect(proc, rfd, cell_timeout, deadline)
     with _suppress():
-        os.killpg(proc.pid, signal.SIGKILL)  # the runner and whatever the learner forked
+        os.killpg(proc.pid, signal.SIGKILL)  # the sandbox, and with it all the learner started
     proc.wait()
+    shutil.rmtree(tmpdir, ignore_errors=True)
+    isolation = next((m["sandbox"] for m in messages if "sandbox" in m), "none")
     verdict = next((m["verdict"] for m in messages if "verdict" in m), None)
     if verdict is None and not reason:
         last = next((m["cell"] for m in reversed(messages) if "cell" in m), "start-up")
@@ -210,7 +276,7 @@ def run_job(job: dict, cwd, cell_timeout: float, deadline: float) -> Exercise:
     error = reason or ("" if passed else verdict.get("reason", "failed"))
     text = output + (verdict or {}).get("traceback", "") + (f"\n-> {error}\n" if error else "")
     return Exercise(job["grade_id"], job["points"], job["points"] if passed else 0.0, error,
-                    text[-20000:], round(time.monotonic() - start, 2))
+                    text[-20000:], round(time.monotonic() - start, 2), isolation)
 
 
 class _suppress:
@@ -290,7 +356,7 @@ def grade(path, source_dir=SOURCE, timeout: float = 120, notebook_timeout: float
         return Result(str(path), [], 0.0, problem)
     source_nb = nbformat.reads(sources[path.name].decode("utf-8"), as_version=4)
     deadline = start + notebook_timeout
-    exercises = [run_job(job, str(path.parent.resolve()), timeout, deadline)
+    exercises = [run_job(job, str(path.parent.resolve()), timeout, deadline, source_dir)
                  for job in plan(source_nb, learner) if only is None or job["grade_id"] in only]
     return Result(str(path), exercises, time.monotonic() - start)
 
@@ -324,4 +390,6 @@ def print_table(result: Result) -> None:
               + (f"   {e.error}" if e.error else ""))
     if result.problem:
         print(f"  ❌ {result.problem}")
+    if result.isolation and result.isolation != sandbox.FULL:
+        print(f"  ⚠️ sandbox {result.isolation}")
     print(f"  total {result.score:g}/{result.max_score:g}")

@@ -132,10 +132,51 @@ def _record(fp: dict, where: tuple, value, own: bool) -> None:
 def differences(before: dict, after: dict) -> list[str]:
     """What a learner's code replaced: entries whose object changed or went away.
 
-    New entries are ignored: importing a module or a lazily created attribute is not a patch.
+    New entries are ignored: importing a module or a lazily created attribute is not a patch
+    (``forged_modules`` looks at new modules). A replaced module comes first: it explains the
+    attributes that went with it.
     """
-    return sorted(".".join(map(str, k)).replace("sys.modules.", "sys.modules[") for k, v in
-                  before.items() if after.get(k) != v)
+    changed = (f"sys.modules[{k[1]}]" if k[0] == "sys.modules" else ".".join(map(str, k))
+               for k, v in before.items() if after.get(k) != v)
+    return sorted(changed, key=lambda name: (not name.startswith("sys.modules["), name))
+
+
+def forged_modules(known) -> list[str]:
+    """Watched modules imported since ``known`` (a set of names) that did not come from a file.
+
+    A check may import a module lazily (``shmlab.introspect`` in ``Cases``); a learner who put
+    a stand-in into ``sys.modules`` first is not a *changed* entry, so ``differences`` cannot
+    see it. A genuine module has a spec whose origin is a file (or is built in), and every
+    function and method it defines was compiled from that file.
+    """
+    forged = []
+    for name, module in list(sys.modules.items()):
+        if name in known or not (_watched(name) or name in _LIBRARY_NAMES):
+            continue
+        why = _not_genuine(name, module)
+        if why:
+            forged.append(f"sys.modules[{name}] ({why})")
+    return sorted(forged)
+
+
+def _not_genuine(name: str, module) -> str:
+    if not isinstance(module, types.ModuleType):
+        return f"a {type(module).__name__}, not a module"
+    origin = getattr(getattr(module, "__spec__", None), "origin", None)
+    if origin == "frozen":  # the stdlib's frozen modules (os, posixpath...) name their code so
+        origin = f"<frozen {name}>"
+    elif origin != "built-in" and not (origin and os.path.isfile(origin)):
+        return "not loaded from a file"
+    if name in _LIBRARY_NAMES:  # big libraries re-export functions of their submodules
+        return ""
+    for attr, value in list(vars(module).items()):
+        # Module-level functions only: a class's methods may be generated elsewhere (enum,
+        # namedtuple, dataclass), and a decorated function says so with __wrapped__.
+        if (isinstance(value, types.FunctionType) and value.__module__ == name
+                and not hasattr(value, "__wrapped__")
+                and value.__code__.co_filename != origin):
+            return f"{attr} was compiled from {value.__code__.co_filename}, not {origin}"
+    return ""
 
 
 def grader_files() -> dict[str, str]:

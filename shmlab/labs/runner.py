@@ -39,7 +39,10 @@ from . import integrity
 
 # Imported before any cell; the set-up cells import the rest (the lab's module, torch for lab 5),
 # and the first fingerprint is taken after them, just before the first learner line runs.
-CHECK_MODULES = ("shmlab.labs.runner", "shmlab.labs.report", "shmlab.harness.actor")
+# shmlab.introspect is the one a check imports lazily (Cases counts /dev/shm with it): imported
+# here, a stand-in put into sys.modules by the learner is a changed entry, not a new one.
+CHECK_MODULES = ("shmlab.labs.runner", "shmlab.labs.report", "shmlab.harness.actor",
+                 "shmlab.introspect")
 
 
 # IPython syntax in a learner's cell (Note [Magics in graded cells], below).
@@ -144,20 +147,55 @@ def _who_raised(exc: BaseException) -> str:
     return "the check"
 
 
+class _Streamed:
+    """``Cases.check`` that tells the checker of each failed case the moment it fails.
+
+    The checker keeps what it was told: code that later empties the ``Cases`` record (a thread
+    walking ``gc.get_objects()``, a frame hack) cannot take back a failure already sent. A data
+    descriptor, so an instance's own ``check`` attribute (``c.check = lambda *a: True``) can
+    neither be set nor shadow it; callable, so ``integrity.fingerprint`` watches it like a
+    method and replacing it on the class is a change it reports.
+    """
+
+    def __init__(self, recorded, out):
+        self.recorded, self.out = recorded, out
+        self.__doc__ = recorded.__doc__
+
+    def __call__(self, cases, ok, what, hint=""):
+        passed = self.recorded(cases, ok, what, hint)
+        if not passed:
+            _send(self.out, {"case": str(what)[:300]})
+        return passed
+
+    def __get__(self, cases, owner=None):
+        return self if cases is None else types.MethodType(self, cases)
+
+    def __set__(self, cases, value):
+        raise AttributeError("Cases.check belongs to the grader: a check's cases cannot be "
+                             "replaced from an answer")
+
+
+def _stream_failed_cases(out) -> None:
+    from .report import Cases
+
+    Cases.check = _Streamed(Cases.check, out)
+
+
 def run(job: dict, out) -> dict:
     for name in CHECK_MODULES:
         importlib.import_module(name)
+    _stream_failed_cases(out)
     main = types.ModuleType("__main__")
     main.__builtins__ = __builtins__
     sys.modules["__main__"] = main
     ns = main.__dict__
     ns["display"] = display  # an IPython builtin an answer may call
-    before = None
+    before, known = None, set(sys.modules)
     setup_names: dict = {}
     for cell in job["cells"]:
         learner = cell["role"] in ("answer", "helper")
         if learner and before is None:
-            before = integrity.fingerprint()
+            before, known = integrity.fingerprint(), set(sys.modules)
         _send(out, {"cell": cell["label"]})
         filename = f"<{'answer' if learner else cell['role']} {cell['label']}>"
         source = cell["source"]
@@ -201,7 +239,8 @@ def run(job: dict, out) -> dict:
         who = _who_raised(exc)
         verdict = {"passed": False, "traceback": _learner_traceback(exc),
                    "reason": f"{who} raised {type(exc).__name__}: {exc}"[:300]}
-    changed = integrity.differences(before or {}, integrity.fingerprint())
+    changed = (integrity.differences(before or {}, integrity.fingerprint())
+               + integrity.forged_modules(known))
     if changed:
         verdict = {"passed": False, "traceback": "",
                    "reason": "your code replaced part of the grader, so this check proves "

@@ -13,7 +13,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from shmlab.labs import grade, integrity, release
+from shmlab.labs import grade, integrity, release, sandbox
 
 pytestmark = pytest.mark.timeout(400)
 
@@ -105,7 +105,11 @@ def test_patching_cases_in_every_answer_of_a_blank_lab_scores_zero(lab, tmp_path
     assert result.score == 0, result.as_dict()
 
 
-def test_writing_the_instructor_copy_voids_the_notebook_and_the_next_batch_refuses(tmp_path):
+@pytest.mark.parametrize("sandboxed", [True, False], ids=["sandbox", "no sandbox"])
+def test_writing_the_instructor_copy_voids_the_notebook_and_the_next_batch_refuses(
+        sandboxed, tmp_path, monkeypatch):
+    if not sandboxed:
+        monkeypatch.setenv("SHMLAB_SANDBOX", "off")  # the fallback where namespaces are missing
     src = tmp_path / "source"
     shutil.copytree(release.SOURCE, src)
     lab = "lab1_reducers"
@@ -121,8 +125,15 @@ def test_writing_the_instructor_copy_voids_the_notebook_and_the_next_batch_refus
     cheater = notebook(lab, {"ex1_point_reducer": cheat}, tmp_path / "a", blank=True)
     honest_blank = notebook(lab, {}, tmp_path / "b", blank=True)
     first, second = grade.grade_batch([cheater, honest_blank], src)
-    assert first.score == 0 and "wrote" in first.problem, first.as_dict()
     assert second.score == 0, second.as_dict()  # graded from the copies verified at the start
+    assert first.score == 0, first.as_dict()
+    if sandboxed and first.isolation == sandbox.FULL:
+        # In the sandbox the write fails (read-only) or lands in a throwaway overlay (the copy
+        # is under /tmp here): the copy is unchanged and the next batch grades as before.
+        assert integrity.changed_sources(src, integrity.load_sources(release.SOURCE)) == []
+        assert (grade.grade_batch([honest_blank], src)[0]).score == 0
+        return
+    assert "wrote" in first.problem, first.as_dict()
     with pytest.raises(integrity.IntegrityError, match="was modified"):
         grade.grade_batch([honest_blank], src)
 
