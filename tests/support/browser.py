@@ -19,10 +19,12 @@ import contextlib
 import json
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -85,7 +87,11 @@ def lab(tmp_path, lab_root):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(values))
     port, token = free_port(), secrets.token_hex(16)
-    env = dict(os.environ, JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"))
+    # A TMPDIR of the server's own (short: the notebooks bind UNIX sockets in it), removed
+    # with it: the kernels are SIGKILLed below, so multiprocessing's pymp-* directories
+    # they made are never removed by them.
+    tmpdir = tempfile.mkdtemp(prefix="lab-")
+    env = dict(os.environ, JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"), TMPDIR=tmpdir)
     cmd = [str(Path(sys.executable).with_name("jupyter")), "lab", "--no-browser",
            f"--port={port}", "--ServerApp.ip=127.0.0.1", f"--IdentityProvider.token={token}",
            f"--ServerApp.root_dir={lab_root}", "--LabApp.expose_app_in_browser=True",
@@ -110,6 +116,7 @@ def lab(tmp_path, lab_root):
     finally:  # the notebook cleaned up after itself; whatever is left of ours is killed
         _kill(server, _descendants(server.pid))  # the kernel runs in a session of its own
         log.close()
+        shutil.rmtree(tmpdir, ignore_errors=True)
 
 
 @contextlib.contextmanager
