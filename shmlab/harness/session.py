@@ -341,7 +341,7 @@ def _nobody_listens(path: str) -> bool:
             sock.connect(os.path.join(path, name))
             return False  # someone answered
         except OSError:
-            pass  # ECONNREFUSED (a dead socket file), ENOTSOCK (the event log), ...
+            pass  # ECONNREFUSED (a dead socket file, or the event log, which is no socket), ...
         finally:
             sock.close()
     return True

@@ -16,7 +16,8 @@ from .report import Cases, run_in_child
 def check_point_reducer(point_cls, reduce_point, rebuild_point, points=((3, -4.5),),
                         randomised: int = 0):
     """``points``: the coordinates tried; ``randomised``: how many more, drawn at random
-    (ints and floats of every size, so an answer that only fits the examples fails)."""
+    (ints up to +-2**40, so beyond 32 bits, and floats that need 64 bits, so an answer that
+    only fits the examples fails)."""
     rng = random.Random()
     drawn = [(rng.randint(-2**40, 2**40), rng.uniform(-1e6, 1e6) / rng.choice((1, 3, 7e5)))
              for _ in range(randomised)]

@@ -58,7 +58,8 @@ def _check_name_taken(create_unlinked_segment):
             c.check(intact and st.st_size == 19, "the segment that had the name is untouched "
                     "(still there, same size, same bytes)", "create with O_CREAT | O_EXCL: "
                     "without O_EXCL shm_open opens somebody else's segment, and your "
-                    "ftruncate and shm_unlink then destroy it")
+                    "ftruncate then resizes it and your shm_unlink removes its name: nobody "
+                    "can attach to it any more")
             if raised is not None:
                 c.check(raised.errno == errno.EEXIST, f"it raised FileExistsError (got "
                         f"{type(raised).__name__}: {raised})", "let O_EXCL's error through")
@@ -77,7 +78,8 @@ def _check_name_taken(create_unlinked_segment):
 
 
 def _check_resize_fails(create_unlinked_segment):
-    """``ftruncate`` and ``posix_fallocate`` fail (a full /dev/shm): no fd, no name is left."""
+    """``ftruncate`` and ``posix_fallocate`` raise ENOSPC (on a full /dev/shm it is
+    posix_fallocate that does; tmpfs's ftruncate never does): no fd, no name is left."""
     real = {n: getattr(os, n) for n in ("ftruncate", "posix_fallocate")}
 
     def failing(fd, *args):

@@ -262,7 +262,8 @@ def _check_receive_fails(send_handle, receive_handle):
                 f"({getattr(got, '__name__', got)})", "the caller must know it got nothing")
         c.check(gone, "the in-flight count is given back on that path too: the last count "
                 f"went, so the name went (count left: {_count(name) if not gone else 0})",
-                "release the message's count whether attach worked or raised (try/finally): "
+                "release the message's count whether attach worked or raised (try/finally), "
+                "and let attach count itself in only after its map worked (Exercise 1): "
                 "otherwise nobody ever gives it back and the segment leaks")
 
 

@@ -97,7 +97,8 @@ class Cases:
 
 
 def _cell_name(filename: str) -> str:
-    """'Cell In[7]' for a notebook cell's code (as IPython names it), else the file's name."""
+    """'your cell In[7]' for a notebook cell's code (In[7] as IPython names it), else the
+    file's name."""
     try:
         from IPython import get_ipython
 
@@ -124,8 +125,8 @@ def _hint_handler(shell, etype, value, tb, tb_offset=None):
         cell = "".join(linecache.getlines(last.tb_frame.f_code.co_filename))
         if _CHECK_CALL.search(cell):
             short = (f"{etype.__name__}: {value}\n❌ this check needs `{value.name}`, which "
-                     "no cell has defined yet: run the answer cell above that defines it "
-                     f"(`def {value.name}(...)`, or Run All Above), then run this check again")
+                     f"no cell has defined yet: run the answer cell above that defines "
+                     f"`{value.name}` (or Run All Above), then run this check again")
     if short is None:
         shell.showtraceback((etype, value, tb), tb_offset=tb_offset)
     else:
