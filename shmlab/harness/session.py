@@ -26,6 +26,7 @@ import os
 import shutil
 import signal
 import socket
+import stat
 import sys
 import tempfile
 import time
@@ -105,8 +106,8 @@ class Session:
         self._ipython = _ipython()
         if self._ipython is not None:  # an edited worker module is fresh in the kernel too
             self._ipython.events.register("pre_run_cell", self._refresh_workers)
-        self._dirs_before = set(_manager_dirs())
-        self.removed_dirs: list[str] = []  # close(): socket directories of killed managers
+        self._dirs_before = set(_socket_dirs())
+        self.removed_dirs: list[str] = []  # close(): socket directories of killed processes
         self.closed = False
         atexit.register(self.close)
 
@@ -251,18 +252,21 @@ class Session:
         while any(self.leftovers().values()) and time.monotonic() < deadline:
             time.sleep(0.1)
         self._remove_code_dir()
-        self._remove_dead_manager_dirs()
+        self._remove_dead_socket_dirs()
         self.closed = True
         atexit.unregister(self.close)
         return self.leftovers()
 
-    def _remove_dead_manager_dirs(self) -> None:
-        """A manager removes its socket's directory when it exits; one that was SIGKILLed (the
-        notebooks kill some on purpose) cannot. Remove those that appeared during this session
-        and that no live socket is bound in (/proc/net/unix), so nothing is left in TMPDIR."""
+    def _remove_dead_socket_dirs(self) -> None:
+        """A manager removes its socket's directory when it exits, and multiprocessing its
+        pymp-* directory (the fd strategy's resource sharer listens there); a SIGKILLed one
+        cannot (the notebooks kill some on purpose). Remove those that appeared during this
+        session and hold a socket that nothing is bound to (/proc/net/unix) or accepts on, so
+        nothing of ours is left in TMPDIR. This kernel's own pymp-* directory stays."""
         bound = _bound_unix_paths()
-        for path in sorted(set(_manager_dirs()) - self._dirs_before):
-            if not any(p.startswith(path + os.sep) for p in bound) and _nobody_listens(path):
+        mine = multiprocessing.current_process()._config.get("tempdir")
+        for path in sorted(set(_socket_dirs()) - self._dirs_before - {mine}):
+            if not any(p.startswith(path + os.sep) for p in bound) and _dead_socket_dir(path):
                 shutil.rmtree(path, ignore_errors=True)
                 self.removed_dirs.append(path)
 
@@ -304,18 +308,19 @@ class Session:
               "| managers left:", left["managers"] or "none",
               "| child processes left:", left["children"] or "none")
         if self.removed_dirs:
-            print(f"removed {len(self.removed_dirs)} socket directories of killed managers "
-                  "(a SIGKILLed manager cannot remove its own):",
+            print(f"removed {len(self.removed_dirs)} socket directories of killed processes "
+                  "(a SIGKILLed manager or child cannot remove its own):",
                   ", ".join(os.path.basename(d) for d in self.removed_dirs))
 
 
-MANAGER_DIR_PREFIXES = ("torch-shm-dir-", "shmlab-shm-dir-")  # torch's and shmlab's, in TMPDIR
+# torch's and shmlab's managers', and multiprocessing's (util.get_temp_dir()), in TMPDIR
+SOCKET_DIR_PREFIXES = ("torch-shm-dir-", "shmlab-shm-dir-", "pymp-")
 
 
-def _manager_dirs() -> list[str]:
+def _socket_dirs() -> list[str]:
     tmp = tempfile.gettempdir()
     try:
-        return [os.path.join(tmp, n) for n in os.listdir(tmp) if n.startswith(MANAGER_DIR_PREFIXES)]
+        return [os.path.join(tmp, n) for n in os.listdir(tmp) if n.startswith(SOCKET_DIR_PREFIXES)]
     except OSError:
         return []
 
@@ -331,20 +336,26 @@ def _bound_unix_paths() -> set[str]:
         return set()  # then _nobody_listens() decides alone
 
 
-def _nobody_listens(path: str) -> bool:
-    """No socket in ``path`` accepts a connection: its manager is dead. A manager in another
-    network namespace is missing from our /proc/net/unix but still accepts (a path-named
-    socket is found through the file system), so it is kept."""
-    for name in os.listdir(path) if os.path.isdir(path) else ():
+def _dead_socket_dir(path: str) -> bool:
+    """``path`` holds a socket and none accepts a connection: its owner is dead. A directory
+    with no socket yet may be a live process's, about to bind: kept. A socket of a process in
+    another network namespace is missing from our /proc/net/unix but still accepts (a
+    path-named socket is found through the file system), so it is kept too."""
+    try:
+        entries = [e for e in os.scandir(path)
+                   if stat.S_ISSOCK(e.stat(follow_symlinks=False).st_mode)]
+    except OSError:
+        return False
+    for entry in entries:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            sock.connect(os.path.join(path, name))
+            sock.connect(entry.path)
             return False  # someone answered
         except OSError:
-            pass  # ECONNREFUSED (a dead socket file, or the event log, which is no socket), ...
+            pass  # ECONNREFUSED: a socket file that nothing listens on any more
         finally:
             sock.close()
-    return True
+    return bool(entries)
 
 
 def _ipython():
