@@ -139,7 +139,7 @@ def test_leakcheck_fails_a_test_that_leaves_an_entry_in_tmpdir(pytester, monkeyp
     leaked = (pytester.path / "leaked_dir").read_text()
     result.stdout.fnmatch_lines(["*ERROR at teardown of test_leaks_a_directory*",
                                  f"*$TMPDIR/{os.path.basename(leaked)}*",
-                                 "*torch's own leftovers in TMPDIR*",
+                                 "*torch's and multiprocessing's own leftovers in TMPDIR*",
                                  "*test_torch_leaves_an_error_file: pytorch-errorfile-*.pickle"])
     result.stdout.no_fnmatch_line("*ERROR at teardown of test_torch_leaves_an_error_file*")
     run_tmpdir = (pytester.path / "tmpdir").read_text()
