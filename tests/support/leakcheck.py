@@ -468,9 +468,14 @@ def pytest_configure(config):
 
 
 def pytest_unconfigure(config):
+    import multiprocessing.util
+
     for owner, path in _PRIVATE_TMP:
         if owner == os.getpid():
-            shutil.rmtree(path, ignore_errors=True)
+            # At exit, after multiprocessing's own finalizer (priority -100) has removed this
+            # process's pymp-* directory in there: removed now, that finalizer would fail.
+            multiprocessing.util.Finalize(None, shutil.rmtree, args=(path,),
+                                          kwargs={"ignore_errors": True}, exitpriority=-200)
 
 
 def _run_of_its_own(worker: str) -> None:
