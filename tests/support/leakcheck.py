@@ -420,9 +420,9 @@ def no_leaks(request):
     finally:
         watch.end()
     if sem_left := sorted(_sems() - sems):
-        SEM_LEFT.append((request.node.nodeid, sem_left))
+        request.node.user_properties.append(("sem_left", sem_left))
     if torch_left := sorted(n for n in left.get("tmp", ()) if n.startswith(TMP_TORCH_LEAVES)):
-        TORCH_LEFT.append((request.node.nodeid, torch_left))
+        request.node.user_properties.append(("torch_left", torch_left))
         for name in torch_left:
             _remove_tmp(name)
         left["tmp"] -= set(torch_left)
@@ -441,6 +441,19 @@ def no_leaks(request):
         f"test left these behind after {GRACE_S:.0f} s (now removed):\n" + "\n".join(lines),
         pytrace=False,
     )
+
+
+def pytest_runtest_logreport(report):
+    """Collect what no_leaks reported but did not fail. It rides on the teardown report's
+    user_properties: under xdist the report reaches the controller, whose summary prints it
+    (a worker's own lists are never printed)."""
+    if report.when != "teardown":
+        return
+    for key, names in report.user_properties:
+        if key == "sem_left":
+            SEM_LEFT.append((report.nodeid, names))
+        elif key == "torch_left":
+            TORCH_LEFT.append((report.nodeid, names))
 
 
 def pytest_terminal_summary(terminalreporter):
