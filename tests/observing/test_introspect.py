@@ -400,3 +400,22 @@ def test_events_read_the_rotated_log_first_then_the_current_one():
     assert [e["name"] for e in found if e["event"] == "registered"] == names
     assert len(found) == len(lines) == len(names) + 2
     assert [e["t"] for e in found] == sorted(e["t"] for e in found)
+
+
+def test_a_process_start_time_is_exact_to_a_tick_not_to_a_second():
+    """alive_since() tells a reused pid by its start time against a file's ctime with one second
+    of slack, so the start time itself must not be off by up to a second more (it was, with
+    /proc/stat's whole-second btime as the boot time: notebook 11's C12.41 failed on a machine
+    booted at .8 of a second)."""
+    from shmlab.introspect.processes import process_table
+
+    before = time.time()
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    after = time.time()
+    try:
+        started = process_table()[child.pid].started
+    finally:
+        child.kill()
+        child.wait(timeout=30)
+    tick = 1 / os.sysconf("SC_CLK_TCK")
+    assert before - 2 * tick <= started <= after + 2 * tick, (before, started, after)
