@@ -21,7 +21,9 @@ import pytest
 
 from shmlab.labs import grade, release
 
-pytestmark = pytest.mark.timeout(900)
+# One worker takes the whole module: every worker that ran one of its tests graded the fifteen
+# notebooks again for its own copy of the module fixture (4 batches of ~35 CPU s on 4 workers).
+pytestmark = [pytest.mark.timeout(900), pytest.mark.xdist_group("grader-answers")]
 
 
 def _meta(cell) -> dict:
