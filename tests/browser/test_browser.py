@@ -26,7 +26,7 @@ from support.browser import (  # noqa: F401 - `lab` and `lab_root` are fixtures
     lab_root,
     low_contrast,
     need_chromium,
-    set_theme,
+    reads_in_both_themes,
     switch_tab_and_back,
     widget_errors,
 )
@@ -100,13 +100,7 @@ def test_dashboard_renders_and_follows_the_scenario(lab, tmp_path):  # noqa: F81
             switch_tab_and_back(page)  # the stopped dashboard keeps its last picture
             assert not widget_errors(page), widget_errors(page)
             assert page.evaluate(READ_DOM)["chart"] >= 1, "the dashboard lost its chart"
-            for theme in ("dark", "light"):
-                set_theme(page, theme)
-                page.locator(".shmlab-dashboard").scroll_into_view_if_needed()
-                page.locator(".shmlab-dashboard").screenshot(
-                    path=str(ARTIFACTS / f"browser-dashboard-{theme}.png"))
-                low = low_contrast(page, ".shmlab-dashboard")
-                assert not low, f"dashboard text below 4.5:1 in the {theme} theme: {low}"
+            reads_in_both_themes(page, ".shmlab-dashboard", "dashboard", ("dark", "light"))
             outputs = page.evaluate("() => [...document.querySelectorAll("
                                     "'.jp-OutputArea-output')].map(e => e.innerText).join('\\n')")
         finally:

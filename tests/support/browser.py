@@ -231,6 +231,18 @@ def low_contrast(page, selector: str, minimum: float = AA) -> list[dict]:
     return [t for t in texts if t["ratio"] < minimum]
 
 
+def reads_in_both_themes(page, selector: str, what: str, themes=("light", "dark")) -> None:
+    """Screenshot `selector` in each theme (test-artifacts/browser-<what>-<theme>.png) and fail
+    if any of its texts reads below WCAG AA there. The theme left is the last one given."""
+    ARTIFACTS.mkdir(exist_ok=True)
+    for theme in themes:
+        set_theme(page, theme)
+        page.locator(selector).scroll_into_view_if_needed()
+        page.locator(selector).screenshot(path=str(ARTIFACTS / f"browser-{what}-{theme}.png"))
+        low = low_contrast(page, selector)
+        assert not low, f"{what} text below 4.5:1 in the {theme} theme: {low}"
+
+
 def widget_errors(page) -> list[str]:
     """Outputs where JupyterLab could not show a widget ("model not found")."""
     return page.evaluate("(needles) => [...document.querySelectorAll('.jp-OutputArea-output')]"
