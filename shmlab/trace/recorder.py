@@ -161,6 +161,29 @@ def start(directory: str) -> Recorder:
     return _recorder
 
 
+def start_in_new_interpreter(directory: str) -> None:
+    """What the generated sitecustomize calls (Note [Recording in a new interpreter] in
+    session.py). A multiprocessing child (spawn, or a forkserver's) first re-imports the
+    parent's main module (``spawn.prepare``): often ``import torch``, tens of thousands of
+    calls the hook would slow down for nothing, so its recorder starts when ``prepare``
+    returns, just before the child unpickles its Process object and arguments. Any other
+    interpreter (the command line's own, a manager daemon) records from the start."""
+    argv = " ".join(getattr(sys, "orig_argv", sys.argv))
+    if "--multiprocessing-fork" not in argv and "multiprocessing.forkserver" not in argv:
+        start(directory)
+        return
+    import multiprocessing.spawn as spawn
+    prepare = spawn.prepare
+
+    def prepare_then_record(data):
+        try:
+            prepare(data)
+        finally:
+            start(directory)
+
+    spawn.prepare = prepare_then_record
+
+
 def stop() -> None:
     global _recorder
     if _recorder is not None:

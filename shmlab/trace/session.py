@@ -55,7 +55,7 @@ def _shmlab_trace_start():
         module = importlib.util.module_from_spec(spec)
         _sys.modules[name] = module
         spec.loader.exec_module(module)
-    _sys.modules["_shmlab_trace_recorder"].start(directory)
+    _sys.modules["_shmlab_trace_recorder"].start_in_new_interpreter(directory)
 
 
 def _shmlab_trace_chain():
@@ -83,6 +83,9 @@ ALWAYS = [
     "(MapAllocator, libshm and the refcount's atomics run in C++)",
     "the receiver's first use of the memory is a plain load or store (no call, no system "
     "call): the trace shows the mapping (mmap) and the rebuild's end, not the first touch",
+    "a spawn or forkserver child is recorded from the end of its preparation (its parent's "
+    "main module re-imported as __mp_main__) on: Python-level hops at that module's top "
+    "level are not recorded (its system calls are)",
     "torch's file_system refcount lives in the segment's header and changes by atomic "
     "instructions: invisible; seen are _shared_incref/_shared_decref (the in-flight count) "
     "and the last closer's unlink",
