@@ -137,7 +137,8 @@ class Recorder:
                 os.write(fd, (json.dumps({"process": pid, "ppid": os.getppid(),
                                           "argv": sys.argv, "t": time.time()}) + "\n").encode())
             except OSError:
-                fd = -1  # the trace is over (its directory is gone): stay quiet
+                fd = -1  # the trace is over (its directory is gone): stop recording
+                self.active = False
             mine, fd = fd, self._fds.setdefault(pid, fd)
             if mine != fd and mine >= 0:
                 os.close(mine)
@@ -179,7 +180,8 @@ def start_in_new_interpreter(directory: str) -> None:
         try:
             prepare(data)
         finally:
-            start(directory)
+            if os.path.isdir(directory):  # a forkserver outlives the block that started it
+                start(directory)
 
     spawn.prepare = prepare_then_record
 

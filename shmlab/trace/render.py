@@ -92,8 +92,9 @@ def mermaid(trace: Trace) -> str:
             body.append(f"    {me}->>{names[pid]}: {_safe(text)}")
             last_note.clear()
             continue
-        if i in received:
-            continue  # the arrow drew it
+        if i in received or (e.layer == "syscall" and "pickle on the queue pipe" in e.detail
+                             and any(x.name == "ForkingPickler.dumps" for x in trace.events)):
+            continue  # an arrow draws it
         if "to the manager" in e.detail or e.name in ("ManagerClient.register",
                                                       "ManagerClient.join",
                                                       "ManagerClient.free"):

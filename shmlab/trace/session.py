@@ -30,6 +30,7 @@ import os
 import shutil
 import sys
 import tempfile
+import threading
 import time
 
 from . import recorder as _recorder
@@ -90,6 +91,12 @@ ALWAYS = [
     "instructions: invisible; seen are _shared_incref/_shared_decref (the in-flight count) "
     "and the last closer's unlink",
 ]
+
+
+if not hasattr(threading, "setprofile_all_threads"):  # before Python 3.12
+    ALWAYS.append("threads already running when the block starts (e.g. a resource_sharer "
+                  "listener from an earlier put) are not hooked before Python 3.12: their "
+                  "system calls are traced, their Python-level hops are not")
 
 
 def write_sitecustomize(directory: str) -> None:
@@ -288,6 +295,8 @@ def processes(collector: Collector, events: list[Event]) -> dict[int, ProcessInf
             label, ppid = "main", os.getppid()
         else:
             label = _label(argv)
+            if label == "forkserver" and ppid in out and out[ppid].label == "forkserver":
+                label = None  # forked by the server: its argv is the server's
             if label is None:
                 children += 1
                 label = f"child {children}"

@@ -286,3 +286,49 @@ def test_nothing_is_left_and_keep_keeps_the_directory(tmp_path):
     kept = tr.overhead["directory"]
     assert os.path.isfile(os.path.join(kept, "sitecustomize.py"))
     shutil.rmtree(kept)
+
+
+def test_poll_reads_events_while_the_block_runs_and_import_installs_nothing():
+    import multiprocessing
+
+    assert sys.getprofile() is None  # importing shmlab.trace hooked nothing
+    q = multiprocessing.Queue()
+    try:
+        with trace(syscalls=False) as tr:
+            q.put(1)
+            deadline, live = time.monotonic() + 10, []
+            while "ForkingPickler.dumps" not in [e.name for e in live]:
+                assert time.monotonic() < deadline, live
+                live += tr.poll()
+                time.sleep(0.01)
+            assert q.get(timeout=10) == 1
+        assert [e.name for e in live][0] == "Queue.put"
+        assert tr.hops()[:1] == ["Queue.put"] and "ForkingPickler.loads" in tr.hops()
+        assert sys.getprofile() is None
+    finally:
+        q.close()
+        q.join_thread()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_the_command_line_traces_a_script(tmp_path):
+    script = tmp_path / "handoff.py"
+    script.write_text(
+        "import multiprocessing as mp, numpy as np, shmlab, shmlab.multiprocessing\n"
+        "def child(q):\n    print('got', float(q.get().numpy()[0]))\n"
+        "if __name__ == '__main__':\n"
+        "    q = mp.Queue(); p = mp.get_context('fork').Process(target=child, args=(q,))\n"
+        "    p.start(); q.put(shmlab.from_numpy(np.ones(1024, dtype=np.float32))); p.join()\n")
+    out = tmp_path / "trace.json"
+    run = subprocess.run([sys.executable, "-m", "shmlab", "trace", "--json", str(out), "--",
+                          sys.executable, str(script)], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=100)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "got 1.0" in run.stdout and "sequenceDiagram" in run.stdout
+    tr = Trace.from_json(out.read_text())
+    assert "reduce_storage" in tr.hops() and "rebuild_storage_fd" in tr.hops()
+    if shutil.which("strace"):
+        assert "send fd" in tr.steps() and "receive fd" in tr.steps()
+    labels = sorted(p.label for p in tr.processes.values())
+    assert labels[:2] == ["child 1", "main"], labels
