@@ -77,60 +77,72 @@ def _manager_pid(trace: Trace, e: Event) -> int | None:
 
 def mermaid(trace: Trace) -> str:
     """The trace as a Mermaid ``sequenceDiagram``."""
-    lines = ["sequenceDiagram"]
     order = list(dict.fromkeys([*trace.processes, *(e.pid for e in trace.events)]))
     names = {pid: f"P{pid}" for pid in order}
-    manager_needed = False
     body: list[str] = []
     pairs = arrows(trace)
     received = {j for j, _, _ in pairs.values()}
-    last_note: dict[int, list] = {}
+    have_syscalls = any(x.layer == "syscall" for x in trace.events)
+    have_pickles = any(x.name == "ForkingPickler.dumps" for x in trace.events)
+    notes: list = []  # the local steps of one process in a row: drawn as one note
+
+    def arrow(sender: int, target: str, text: str) -> None:
+        _flush(body, notes, names)
+        body.append(f"    {names[sender]}->>{target}: {_safe(text)}")
+
     for i, e in enumerate(trace.events):
-        me = names[e.pid]
         if i in pairs:
             _, pid, text = pairs[i]
-            body.append(f"    {me}->>{names[pid]}: {_safe(text)}")
-            last_note.clear()
-            continue
-        if i in received or (e.layer == "syscall" and "pickle on the queue pipe" in e.detail
-                             and any(x.name == "ForkingPickler.dumps" for x in trace.events)):
+            arrow(e.pid, names[pid], text)
+        elif i in received or (have_pickles and "pickle on the queue pipe" in e.detail):
             continue  # an arrow draws it
-        if "to the manager" in e.detail or e.name in ("ManagerClient.register",
-                                                      "ManagerClient.join",
-                                                      "ManagerClient.free"):
-            if e.layer == "python" and any(x.layer == "syscall" for x in trace.events):
-                pass  # the write below is the same message, seen by the kernel
+        elif ("to the manager" in e.detail and e.layer == "syscall") or (
+                e.name.startswith("ManagerClient.") and not have_syscalls):
+            target = _manager_pid(trace, e)
+            if target is None:
+                names.setdefault("MGR", "MGR")
+                target_name = "MGR"
             else:
-                target = _manager_pid(trace, e)
-                if target is None:
-                    manager_needed = True
-                    target_name = "MGR"
-                else:
-                    target_name = names.setdefault(target, f"P{target}")
-                    if target not in order:
-                        order.append(target)
-                text = e.detail.split("to the manager: ", 1)[-1] if e.layer == "syscall" \
-                    else f"{e.name.split('.')[-1].upper()} {_short(e.segment)}"
-                body.append(f"    {me}->>{target_name}: {_safe(text)}")
-                last_note.clear()
-                continue
-        label = f"{e.name} {_short(e.segment)}".strip()
-        prev = last_note.get(e.pid)
-        if prev is not None and prev[0] == label and body and body[-1] == prev[2]:
-            prev[1] += 1
-            body[-1] = f"    Note over {me}: {_safe(label)} x{prev[1]}"
-            prev[2] = body[-1]
-            continue
-        line = f"    Note over {me}: {_safe(label)}"
-        body.append(line)
-        last_note[e.pid] = [label, 1, line]
+                target_name = names.setdefault(target, f"P{target}")
+                order += [target] if target not in order else []
+            text = e.detail.split("to the manager: ", 1)[-1] if e.layer == "syscall" \
+                else f"{e.name.split('.')[-1].upper()} {_short(e.segment)}"
+            arrow(e.pid, target_name, text)
+        else:
+            if notes and notes[0] != e.pid:
+                _flush(body, notes, names)
+            notes[:1] = [e.pid]
+            notes.append((e.name, e.segment))
+    _flush(body, notes, names)
+    lines = ["sequenceDiagram"]
     for pid in order:
         info = trace.processes.get(pid)
         label = info.label if info else "process"
         lines.append(f"    participant {names[pid]} as {_safe(label)} {pid}")
-    if manager_needed:
+    if "MGR" in names:
         lines.append("    participant MGR as manager (not traced)")
     return "\n".join(lines + body) + "\n"
+
+
+def _flush(body: list[str], notes: list, names: dict) -> None:
+    """One note for a process's steps in a row: repeats as ``xN``, the segment said once."""
+    if len(notes) < 2:
+        notes.clear()
+        return
+    pid, steps = notes[0], notes[1:]
+    words: list[list] = []
+    for name, _ in steps:
+        if words and words[-1][0] == name:
+            words[-1][1] += 1
+        else:
+            words.append([name, 1])
+    text = [_safe(name) + (f" x{n}" if n > 1 else "") for name, n in words]
+    segments = {seg for _, seg in steps if seg}
+    rows = [", ".join(text[k:k + 4]) for k in range(0, len(text), 4)]
+    if len(segments) == 1:
+        rows.append(f"({_short(segments.pop())})")
+    body.append(f"    Note over {names[pid]}: " + "<br/>".join(rows))
+    notes.clear()
 
 
 def table(trace: Trace, rows: int = MAX_ROWS) -> str:

@@ -242,7 +242,7 @@ def test_json_round_trip_and_mermaid_lanes():
     assert "participant P12 as manager 12" in text
     assert "P10->>P11: pickle bytes via the queue pipe 300 bytes" in text
     assert "P10->>P11: the fd over SCM_RIGHTS torch_1_2_0" in text
-    assert "Note over P11: mmap torch_1_2_0 x2" in text  # repeats collapse
+    assert "Note over P11: mmap x2<br/>(torch_1_2_0)" in text  # repeats collapse
     assert "P11->>P12: AllocInfo register pid 11 /torch_1_2_0" in text
     assert tr.steps(11) == ["unpickle", "receive fd", "map", "map", "register"]
     assert len(tr.table().splitlines()) == 2 + len(tr.events)
