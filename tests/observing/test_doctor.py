@@ -281,7 +281,7 @@ def test_python_m_shmlab_dispatches_through_its_command_table(capsys):
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("command", ["doctor", "drill", "bench", "stress", "labs", "manager",
-                                     "facts"])
+                                     "facts", "trace"])
 def test_every_command_s_help_names_the_one_command_line(command):
     """One command line: each command's usage reads ``python -m shmlab <command>``, also where
     the module runs under its own name (the manager is exec'd as ``python -m shmlab.manager``)."""
@@ -292,9 +292,9 @@ def test_every_command_s_help_names_the_one_command_line(command):
     assert out.stdout.startswith(f"usage: python -m shmlab {command} "), out.stdout[:200]
 
 
-def test_the_command_table_is_the_seven_commands():
+def test_the_command_table_is_the_eight_commands():
     assert set(shmlab_main.COMMANDS) == {"doctor", "drill", "bench", "stress", "labs", "manager",
-                                         "facts"}
+                                         "facts", "trace"}
 
 
 def test_a_tiny_dev_shm_in_a_container_gets_the_container_fixes(monkeypatch):
