@@ -42,13 +42,16 @@ class Polled:
 
 
 def finished(tr) -> bool:
-    """Has the trace stopped recording? (A trace read back from JSON has.)"""
-    for name in ("finished", "closed", "done"):
-        value = getattr(tr, name, None)
-        if isinstance(value, bool):
-            return value
+    """Has the trace stopped recording? A ``running``/``finished`` flag says so where the trace
+    has one; otherwise ``shmlab.trace`` counts its events into ``tr.overhead`` at the block's
+    end (a trace read back from JSON has them too)."""
     running = getattr(tr, "running", None)
-    return (not running) if isinstance(running, bool) else False
+    if isinstance(running, bool):
+        return not running
+    done = getattr(tr, "finished", None)
+    if isinstance(done, bool):
+        return done
+    return "python_events" in (getattr(tr, "overhead", None) or {})
 
 
 class TraceTimeline(LiveView, W.VBox):
@@ -81,6 +84,8 @@ class TraceTimeline(LiveView, W.VBox):
     def update(self, snap: Polled) -> None:
         new = sorted(snap.events, key=lambda e: e.t)
         self.seen += len(new)
+        if snap.finished and getattr(self.trace, "events", None):
+            new = self._whole()  # the trace is complete: draw all of it, in order
         if new and self.events and new[0].t < self.events[-1].t:  # late arrivals: re-sort
             merged = sorted([*self.events, *new], key=lambda e: e.t)
             self.events.clear()
@@ -92,6 +97,14 @@ class TraceTimeline(LiveView, W.VBox):
             self._draw(snap.time)
         if snap.finished and self.poller.running:
             self.poller.stop()  # from its own thread: it only sets the stop flag
+
+    def _whole(self) -> list:
+        """Once the block has ended: every event of the trace. Those written after the last
+        tick are read at the block's end into ``tr.events`` (the live reader's files are gone
+        by then), so the timeline starts over from the complete list."""
+        self.events.clear()
+        self.seen = len(self.trace.events)
+        return sorted(self.trace.events, key=lambda e: e.t)
 
     def refresh(self) -> None:
         """Poll once now, on this thread (e.g. after the traced block, before ``text()``)."""

@@ -145,3 +145,19 @@ def test_errors_in_poll_go_into_the_widget():
         tl.close()
     time.sleep(0.1)
     assert not tl.poller.running
+
+
+def test_once_the_trace_has_ended_the_timeline_draws_all_of_it():
+    """Events written after the last tick are only in ``tr.events`` once the block is over
+    (the live reader's files are gone): the last refresh draws the whole trace."""
+    tr = Recording()
+    tl = TraceTimeline(tr, autostart=False)
+    tr.add(Ev(T0, 1, "python", "Queue.put"), label="main")
+    tl.refresh()
+    tr.poll = lambda: []  # nothing more to read live
+    tr.events = [Ev(T0, 1, "python", "Queue.put"), Ev(T0 + 0.5, 2, "syscall", "mmap")]
+    tr.finished = True
+    tl.stop()
+    assert tl.seen == 2 and [e.name for e in tl.events] == ["Queue.put", "mmap"]
+    assert "trace ended" in tl.status.value
+    tl.close()
