@@ -189,8 +189,9 @@ def svg_lanes(events, lanes, width: int = 760, lane_h: int = 30) -> str:
                    f'fill="currentColor">{html.escape(label[:18])}</text></g>')
     for k in range(6):  # the time axis, in ms from the first event
         t = t0 + span * k / 5
-        out.append(f'<text x="{x(t):.1f}" y="{height - 6}" font-size="10" text-anchor="middle" '
-                   f'fill="currentColor">{(t - t0) * 1e3:.0f} ms</text>')
+        anchor = "end" if k == 5 else "middle"  # the last label inside the picture
+        out.append(f'<text x="{x(t):.1f}" y="{height - 6}" font-size="10" '
+                   f'text-anchor="{anchor}" fill="currentColor">{(t - t0) * 1e3:.0f} ms</text>')
     for e in events:
         if e.pid not in row:
             continue

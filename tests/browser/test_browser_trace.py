@@ -151,11 +151,14 @@ def test_trace_diagram_and_live_timeline_render(browser_ok, lab, tmp_path):  # n
         assert "trace ended" in state["status"], state
         for theme in ("light", "dark"):
             set_theme(page, theme)
-            for what, sel in (("timeline", ".shmlab-trace-timeline"),
-                              ("diagram", ".jp-OutputArea .jp-RenderedMermaid")):
-                page.locator(sel).first.scroll_into_view_if_needed()
-                page.locator(sel).first.screenshot(
-                    path=str(ARTIFACTS / f"browser-trace-{what}-{theme}.png"))
+            page.locator(".shmlab-trace-timeline").scroll_into_view_if_needed()
+            page.locator(".shmlab-trace-timeline").screenshot(
+                path=str(ARTIFACTS / f"browser-trace-timeline-{theme}.png"))
+            # the diagram is taller than the window: what a learner sees of its top
+            page.locator(".jp-OutputArea .jp-RenderedMermaid").first.evaluate(
+                "e => e.scrollIntoView({block: 'start'})")
+            time.sleep(0.3)
+            page.screenshot(path=str(ARTIFACTS / f"browser-trace-diagram-{theme}.png"))
             low = low_contrast(page, ".shmlab-trace-timeline")
             assert not low, f"timeline text below 4.5:1 in the {theme} theme: {low}"
         set_theme(page, "light")
