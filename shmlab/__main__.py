@@ -9,6 +9,7 @@
     python -m shmlab labs release|grade|hash|...          the labs' instructor commands
     python -m shmlab manager [--grace S]                  run a manager daemon in the foreground
     python -m shmlab facts render|merge|check             the fact base behind docs/CLAIMS.md
+    python -m shmlab trace [--json F] -- python SCRIPT    every hop and system call of a handoff
 
 Each command's ``--help`` says the rest. ``python -m shmlab.labs`` and ``python -m
 shmlab.manager`` still work (the client starts its daemon with the latter).
@@ -31,6 +32,7 @@ COMMANDS = {
     "labs": ("shmlab.labs.__main__", "the labs: release, grade, hash, nbgrader-course"),
     "manager": ("shmlab.manager", "the shm manager daemon, exactly as the client starts it"),
     "facts": ("shmlab.facts.__main__", "the fact base: render docs/CLAIMS.md, merge, check"),
+    "trace": ("shmlab.trace.cli", "trace a tensor's hops and system calls across processes"),
 }
 # Run as ``python -m MODULE`` in place of this process: a daemon is known by that command line
 # (introspect and the doctor look for ``shmlab.manager`` in it, DAEMON_MODULE).

@@ -136,7 +136,7 @@ def test_every_module_of_the_package_is_in_the_table_and_every_row_exists():
 PARTS = {
     "core": ("shmlab", "shmlab._shm", "shmlab.multiprocessing", "shmlab.manager"),
     "models": ("shmlab.models",),
-    "observing": ("shmlab.introspect", "shmlab.widgets"),
+    "observing": ("shmlab.introspect", "shmlab.widgets", "shmlab.trace"),
     "driving": ("shmlab.harness", "shmlab.lessons", "shmlab.examples", "shmlab.testing",
                 "shmlab.tools", "shmlab.__main__"),
     "teaching": ("shmlab.labs", "shmlab.drill", "shmlab.facts"),

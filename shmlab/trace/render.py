@@ -1,0 +1,168 @@
+"""Pictures of a ``Trace``: a Mermaid sequence diagram, a Markdown table, and ``show()``.
+
+The diagram has one participant per process (the manager included) in the order they first
+appear; an arrow for each handoff between processes (the pickle bytes on the queue pipe,
+the fd over ``SCM_RIGHTS``, a message to the manager's socket), matched sender to receiver
+by order and by the segment's name; a note for each local step (create, unlink, mmap, the
+refcount, close). Steps repeated in a row by one process are drawn once, with ``xN``.
+
+Mirrors: nothing in torch.
+"""
+
+from __future__ import annotations
+
+import re
+
+from .model import Event, Trace
+
+MAX_ROWS = 60
+# The hops drawn as arrows: sender's event -> receiver's event (matched in order).
+PAIRS = {"ForkingPickler.dumps": "ForkingPickler.loads", "sendfds": "recvfds"}
+SYSCALL_PAIRS = {"sendmsg": "recvmsg"}
+
+
+def _safe(text: str) -> str:
+    """Mermaid's sequence text: no ';' or '#' (statement and entity marks), one line."""
+    return re.sub(r"[;#\n\r<>{}]", " ", text).strip()[:90]
+
+
+def _ms(trace: Trace, e: Event) -> str:
+    first = trace.events[0].t if trace.events else e.t
+    return f"{(e.t - first) * 1000:.1f} ms"
+
+
+def _short(segment: str | None) -> str:
+    return segment.lstrip("/") if segment else ""
+
+
+def arrows(trace: Trace) -> dict[int, tuple[int, str]]:
+    """index of a sender's event -> (the receiver's pid, the arrow's text)."""
+    out, used = {}, set()
+    events = trace.events
+    have_syscalls = any(e.layer == "syscall" for e in events)
+    for i, e in enumerate(events):
+        if e.name in PAIRS and e.layer == "python":
+            if e.name == "sendfds" and have_syscalls:
+                continue  # the sendmsg below draws the same fd
+            want = PAIRS[e.name]
+            j = next((j for j in range(i + 1, len(events)) if j not in used
+                      and events[j].name == want and events[j].pid != e.pid), None)
+            if j is not None:
+                used.add(j)
+                what = ("pickle bytes via the queue pipe" if want == "ForkingPickler.loads"
+                        else "the fd over SCM_RIGHTS")
+                out[i] = (events[j].pid, f"{what} {e.detail}")
+        elif e.layer == "syscall" and e.name in SYSCALL_PAIRS and "SCM_RIGHTS" in e.detail:
+            j = next((j for j in range(i + 1, len(events)) if j not in used
+                      and events[j].name == "recvmsg" and events[j].pid != e.pid
+                      and events[j].segment == e.segment), None)
+            if j is not None:
+                used.add(j)
+                out[i] = (events[j].pid, f"the fd over SCM_RIGHTS {_short(e.segment)}")
+    return out
+
+
+def _manager_pid(trace: Trace, e: Event) -> int | None:
+    m = re.search(r"manager pid (\d+)", e.detail)
+    if m:
+        return int(m.group(1))
+    managers = [p.pid for p in trace.processes.values() if p.label == "manager"]
+    return managers[0] if managers else None
+
+
+def mermaid(trace: Trace) -> str:
+    """The trace as a Mermaid ``sequenceDiagram``."""
+    lines = ["sequenceDiagram"]
+    order = list(dict.fromkeys([*trace.processes, *(e.pid for e in trace.events)]))
+    names = {pid: f"P{pid}" for pid in order}
+    manager_needed = False
+    body: list[str] = []
+    pairs = arrows(trace)
+    drawn_receive = {"ForkingPickler.loads", "recvfds", "recvmsg"}
+    last_note: dict[int, list] = {}
+    for i, e in enumerate(trace.events):
+        me = names[e.pid]
+        if i in pairs:
+            pid, text = pairs[i]
+            body.append(f"    {me}->>{names[pid]}: {_safe(text)}")
+            last_note.clear()
+            continue
+        if e.name in drawn_receive and any(
+                v[0] == e.pid for v in pairs.values()) and _is_paired_receive(trace, pairs, i):
+            continue
+        if "to the manager" in e.detail or e.name in ("ManagerClient.register",
+                                                      "ManagerClient.join",
+                                                      "ManagerClient.free"):
+            if e.layer == "python" and any(x.layer == "syscall" for x in trace.events):
+                pass  # the write below is the same message, seen by the kernel
+            else:
+                target = _manager_pid(trace, e)
+                if target is None:
+                    manager_needed = True
+                    target_name = "MGR"
+                else:
+                    target_name = names.setdefault(target, f"P{target}")
+                    if target not in order:
+                        order.append(target)
+                text = e.detail.split("to the manager: ", 1)[-1] if e.layer == "syscall" \
+                    else f"{e.name.split('.')[-1].upper()} {_short(e.segment)}"
+                body.append(f"    {me}->>{target_name}: {_safe(text)}")
+                last_note.clear()
+                continue
+        label = f"{e.name} {_short(e.segment)}".strip()
+        prev = last_note.get(e.pid)
+        if prev is not None and prev[0] == label and body and body[-1] == prev[2]:
+            prev[1] += 1
+            body[-1] = f"    Note over {me}: {_safe(label)} x{prev[1]}"
+            prev[2] = body[-1]
+            continue
+        line = f"    Note over {me}: {_safe(label)}"
+        body.append(line)
+        last_note[e.pid] = [label, 1, line]
+    for pid in order:
+        info = trace.processes.get(pid)
+        label = info.label if info else "process"
+        lines.append(f"    participant {names[pid]} as {_safe(label)} {pid}")
+    if manager_needed:
+        lines.append("    participant MGR as manager (not traced)")
+    return "\n".join(lines + body) + "\n"
+
+
+def _is_paired_receive(trace: Trace, pairs: dict, i: int) -> bool:
+    """Whether event ``i`` is the receiving end of an arrow already drawn."""
+    e = trace.events[i]
+    for j, (pid, _) in pairs.items():
+        if pid != e.pid or j >= i:
+            continue
+        sent = trace.events[j]
+        if (PAIRS.get(sent.name) == e.name) or (SYSCALL_PAIRS.get(sent.name) == e.name
+                                                 and sent.segment == e.segment):
+            return True
+    return False
+
+
+def table(trace: Trace, rows: int = MAX_ROWS) -> str:
+    """A Markdown table of the first ``rows`` events."""
+    out = ["| t | process | thread | layer | step | segment | detail |",
+           "|---|---|---|---|---|---|---|"]
+    for e in trace.events[:rows]:
+        info = trace.processes.get(e.pid)
+        who = f"{info.label if info else '?'} {e.pid}"
+        out.append(f"| {_ms(trace, e)} | {who} | {e.thread or e.tid} | {e.layer} | {e.name} | "
+                   f"{_short(e.segment)} | {e.detail.replace('|', '/')[:80]} |")
+    if len(trace.events) > rows:
+        out.append(f"| ... | {len(trace.events) - rows} more | | | | | |")
+    return "\n".join(out)
+
+
+def summary(trace: Trace) -> str:
+    limits = "\n".join(f"- {line}" for line in trace.limits)
+    over = ", ".join(f"{k} {v}" for k, v in trace.overhead.items())
+    return f"**Limits**\n\n{limits}\n\n**Overhead**: {over}"
+
+
+def show(trace: Trace) -> None:
+    """The diagram (JupyterLab 4.1+ draws a ```mermaid fence), the table, the limits."""
+    from IPython.display import Markdown, display
+    display(Markdown(f"```mermaid\n{trace.to_mermaid()}```\n\n{table(trace)}\n\n"
+                     f"{summary(trace)}"))
