@@ -43,6 +43,31 @@ class Event:
         return self.t + (self.duration or 0.0)
 
 
+def step_of(e: Event) -> str | None:
+    """The handout's word for an event, the same for torch and shmlab (None: not a step).
+
+    create, open, map, unmap, unlink, close: the segment's system calls; send fd / receive
+    fd: ``SCM_RIGHTS``; register / free: a message to the manager's socket; pickle /
+    unpickle: the queue's bytes; refcount +1 / refcount -1: shmlab's count in the header,
+    and torch's in-flight count (``_shared_incref``/``_shared_decref``; its header count
+    itself changes by atomics no tracer sees)."""
+    if e.layer == "syscall":
+        if e.name == "openat":
+            return "create" if "O_CREAT" in e.detail else "open"
+        if e.name in ("sendmsg", "recvmsg") and "SCM_RIGHTS" in e.detail:
+            return "send fd" if e.name == "sendmsg" else "receive fd"
+        if "to the manager:" in e.detail:
+            said = e.detail.split("to the manager:", 1)[1]
+            return "free" if ("FREE" in said or "AllocInfo free" in said) else "register"
+        return {"mmap": "map", "munmap": "unmap", "unlink": "unlink",
+                "close": "close"}.get(e.name)
+    if e.lib == "torch" and e.name in ("_shared_incref", "_shared_decref"):
+        return "refcount +1" if e.name == "_shared_incref" else "refcount -1"
+    return {"ForkingPickler.dumps": "pickle", "ForkingPickler.loads": "unpickle",
+            "incref": "refcount +1", "attach_refcounted": "refcount +1",
+            "decref": "refcount -1"}.get(e.name)  # shmlab's _shared_*: their incref/decref
+
+
 @dataclass
 class ProcessInfo:
     pid: int
@@ -72,6 +97,18 @@ class Trace:
         return [e.name for e in self.events
                 if (pid is None or e.pid == pid) and (layer is None or e.layer == layer)
                 and (segment is None or e.segment == segment)]
+
+    def steps(self, pid: int | None = None, segment: str | None = None,
+              layer: str | None = None) -> list[str]:
+        """The handout's steps (``step_of``) in time order: what a hidden test asserts."""
+        out = []
+        for e in self.events:
+            if (pid is None or e.pid == pid) and (segment is None or e.segment == segment) \
+                    and (layer is None or e.layer == layer):
+                step = step_of(e)
+                if step is not None:
+                    out.append(step)
+        return out
 
     def segments(self) -> list[str]:
         """The segments the trace saw, in order of first appearance."""

@@ -137,7 +137,8 @@ class Recorder:
                 os.write(fd, (json.dumps({"process": pid, "ppid": os.getppid(),
                                           "argv": sys.argv, "t": time.time()}) + "\n").encode())
             except OSError:
-                fd = -1  # the trace is over (its directory is gone): stay quiet
+                fd = -1  # the trace is over (its directory is gone): stop recording
+                self.active = False
             mine, fd = fd, self._fds.setdefault(pid, fd)
             if mine != fd and mine >= 0:
                 os.close(mine)
@@ -159,6 +160,30 @@ def start(directory: str) -> Recorder:
         _recorder = Recorder(directory)
     _recorder.start()
     return _recorder
+
+
+def start_in_new_interpreter(directory: str) -> None:
+    """What the generated sitecustomize calls (Note [Recording in a new interpreter] in
+    session.py). A multiprocessing child (spawn, or a forkserver's) first re-imports the
+    parent's main module (``spawn.prepare``): often ``import torch``, tens of thousands of
+    calls the hook would slow down for nothing, so its recorder starts when ``prepare``
+    returns, just before the child unpickles its Process object and arguments. Any other
+    interpreter (the command line's own, a manager daemon) records from the start."""
+    argv = " ".join(getattr(sys, "orig_argv", sys.argv))
+    if "--multiprocessing-fork" not in argv and "multiprocessing.forkserver" not in argv:
+        start(directory)
+        return
+    import multiprocessing.spawn as spawn
+    prepare = spawn.prepare
+
+    def prepare_then_record(data):
+        try:
+            prepare(data)
+        finally:
+            if os.path.isdir(directory):  # a forkserver outlives the block that started it
+                start(directory)
+
+    spawn.prepare = prepare_then_record
 
 
 def stop() -> None:

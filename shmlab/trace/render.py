@@ -16,9 +16,6 @@ import re
 from .model import Event, Trace
 
 MAX_ROWS = 60
-# The hops drawn as arrows: sender's event -> receiver's event (matched in order).
-PAIRS = {"ForkingPickler.dumps": "ForkingPickler.loads", "sendfds": "recvfds"}
-SYSCALL_PAIRS = {"sendmsg": "recvmsg"}
 
 
 def _safe(text: str) -> str:
@@ -35,30 +32,38 @@ def _short(segment: str | None) -> str:
     return segment.lstrip("/") if segment else ""
 
 
-def arrows(trace: Trace) -> dict[int, tuple[int, str]]:
-    """index of a sender's event -> (the receiver's pid, the arrow's text)."""
+def arrows(trace: Trace) -> dict[int, tuple[int, int, str]]:
+    """index of a sender's event -> (the receiver's event index, its pid, the arrow's text).
+
+    A pickle is matched to the unpickle of as many bytes in another process; an fd sent to
+    the one received in another process with the same segment. A receiver's blocking call
+    starts before the send it waits for, so the match looks both ways in time."""
     out, used = {}, set()
     events = trace.events
     have_syscalls = any(e.layer == "syscall" for e in events)
+
+    def match(i, want, same):
+        e = events[i]
+        order = sorted(range(len(events)), key=lambda j: abs(events[j].t - e.t))
+        return next((j for j in order if j not in used and events[j].name == want
+                     and events[j].pid != e.pid and same(events[j], e)), None)
+
     for i, e in enumerate(events):
-        if e.name in PAIRS and e.layer == "python":
-            if e.name == "sendfds" and have_syscalls:
-                continue  # the sendmsg below draws the same fd
-            want = PAIRS[e.name]
-            j = next((j for j in range(i + 1, len(events)) if j not in used
-                      and events[j].name == want and events[j].pid != e.pid), None)
-            if j is not None:
-                used.add(j)
-                what = ("pickle bytes via the queue pipe" if want == "ForkingPickler.loads"
-                        else "the fd over SCM_RIGHTS")
-                out[i] = (events[j].pid, f"{what} {e.detail}")
-        elif e.layer == "syscall" and e.name in SYSCALL_PAIRS and "SCM_RIGHTS" in e.detail:
-            j = next((j for j in range(i + 1, len(events)) if j not in used
-                      and events[j].name == "recvmsg" and events[j].pid != e.pid
-                      and events[j].segment == e.segment), None)
-            if j is not None:
-                used.add(j)
-                out[i] = (events[j].pid, f"the fd over SCM_RIGHTS {_short(e.segment)}")
+        if e.layer == "python" and e.name == "ForkingPickler.dumps":
+            j = match(i, "ForkingPickler.loads", lambda o, e: o.detail == e.detail and o.t > e.t)
+            text = f"pickle bytes via the queue pipe {e.detail}"
+        elif e.layer == "python" and e.name == "sendfds" and not have_syscalls:
+            j = match(i, "recvfds", lambda o, e: o.segment == e.segment)
+            text = f"the fd over SCM_RIGHTS {_short(e.segment)}"
+        elif e.layer == "syscall" and e.name == "sendmsg" and "SCM_RIGHTS" in e.detail:
+            j = match(i, "recvmsg", lambda o, e: o.segment == e.segment
+                      and "SCM_RIGHTS" in o.detail)
+            text = f"the fd over SCM_RIGHTS {_short(e.segment)}"
+        else:
+            continue
+        if j is not None:
+            used.add(j)
+            out[i] = (j, events[j].pid, text)
     return out
 
 
@@ -78,18 +83,18 @@ def mermaid(trace: Trace) -> str:
     manager_needed = False
     body: list[str] = []
     pairs = arrows(trace)
-    drawn_receive = {"ForkingPickler.loads", "recvfds", "recvmsg"}
+    received = {j for j, _, _ in pairs.values()}
     last_note: dict[int, list] = {}
     for i, e in enumerate(trace.events):
         me = names[e.pid]
         if i in pairs:
-            pid, text = pairs[i]
+            _, pid, text = pairs[i]
             body.append(f"    {me}->>{names[pid]}: {_safe(text)}")
             last_note.clear()
             continue
-        if e.name in drawn_receive and any(
-                v[0] == e.pid for v in pairs.values()) and _is_paired_receive(trace, pairs, i):
-            continue
+        if i in received or (e.layer == "syscall" and "pickle on the queue pipe" in e.detail
+                             and any(x.name == "ForkingPickler.dumps" for x in trace.events)):
+            continue  # an arrow draws it
         if "to the manager" in e.detail or e.name in ("ManagerClient.register",
                                                       "ManagerClient.join",
                                                       "ManagerClient.free"):
@@ -126,19 +131,6 @@ def mermaid(trace: Trace) -> str:
     if manager_needed:
         lines.append("    participant MGR as manager (not traced)")
     return "\n".join(lines + body) + "\n"
-
-
-def _is_paired_receive(trace: Trace, pairs: dict, i: int) -> bool:
-    """Whether event ``i`` is the receiving end of an arrow already drawn."""
-    e = trace.events[i]
-    for j, (pid, _) in pairs.items():
-        if pid != e.pid or j >= i:
-            continue
-        sent = trace.events[j]
-        if (PAIRS.get(sent.name) == e.name) or (SYSCALL_PAIRS.get(sent.name) == e.name
-                                                 and sent.segment == e.segment):
-            return True
-    return False
 
 
 def table(trace: Trace, rows: int = MAX_ROWS) -> str:

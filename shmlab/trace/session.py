@@ -30,6 +30,7 @@ import os
 import shutil
 import sys
 import tempfile
+import threading
 import time
 
 from . import recorder as _recorder
@@ -55,7 +56,7 @@ def _shmlab_trace_start():
         module = importlib.util.module_from_spec(spec)
         _sys.modules[name] = module
         spec.loader.exec_module(module)
-    _sys.modules["_shmlab_trace_recorder"].start(directory)
+    _sys.modules["_shmlab_trace_recorder"].start_in_new_interpreter(directory)
 
 
 def _shmlab_trace_chain():
@@ -83,10 +84,19 @@ ALWAYS = [
     "(MapAllocator, libshm and the refcount's atomics run in C++)",
     "the receiver's first use of the memory is a plain load or store (no call, no system "
     "call): the trace shows the mapping (mmap) and the rebuild's end, not the first touch",
+    "a spawn or forkserver child is recorded from the end of its preparation (its parent's "
+    "main module re-imported as __mp_main__) on: Python-level hops at that module's top "
+    "level are not recorded (its system calls are)",
     "torch's file_system refcount lives in the segment's header and changes by atomic "
     "instructions: invisible; seen are _shared_incref/_shared_decref (the in-flight count) "
     "and the last closer's unlink",
 ]
+
+
+if not hasattr(threading, "setprofile_all_threads"):  # before Python 3.12
+    ALWAYS.append("threads already running when the block starts (e.g. a resource_sharer "
+                  "listener from an earlier put) are not hooked before Python 3.12: their "
+                  "system calls are traced, their Python-level hops are not")
 
 
 def write_sitecustomize(directory: str) -> None:
@@ -285,6 +295,8 @@ def processes(collector: Collector, events: list[Event]) -> dict[int, ProcessInf
             label, ppid = "main", os.getppid()
         else:
             label = _label(argv)
+            if label == "forkserver" and ppid in out and out[ppid].label == "forkserver":
+                label = None  # forked by the server: its argv is the server's
             if label is None:
                 children += 1
                 label = f"child {children}"
