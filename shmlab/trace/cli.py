@@ -1,13 +1,13 @@
 """``python -m shmlab trace``: trace a command's tensor handoffs, print the table and diagram.
 
     python -m shmlab trace [--json FILE] [--mermaid FILE] [--no-syscalls] -- python my_script.py
-    python -m shmlab trace --bench [--runs N] [--lib torch|shmlab]
+    python -m shmlab trace --bench [--runs N] [--lib torch|shmlab] [--method fork|spawn]
 
 The command runs under ``strace -f`` (unless ``--no-syscalls``, or strace is missing: then
 the limits say so) with the trace directory first on ``PYTHONPATH``, so its interpreter and
 every Python child record their hops (Note [Recording in a new interpreter] in
 ``shmlab.trace.session``). ``--bench`` measures what tracing one 1 MiB handoff costs: the
-median of N runs of a fork child receiving one tensor, traced and not.
+median of N runs of a new child (started by ``--method``) receiving one tensor, traced and not.
 
 Mirrors: nothing in torch.
 """
@@ -68,8 +68,9 @@ def _receive(q, done):
     done.put(1)
 
 
-def bench(runs: int, lib: str) -> dict:
-    """Median seconds of one 1 MiB handoff to a fork child, without and with tracing."""
+def bench(runs: int, lib: str, method: str = "fork") -> dict:
+    """Median seconds of one 1 MiB handoff to a new child (its start included), without
+    tracing, with the Python-level recorder alone, and with strace too."""
     import multiprocessing
     if lib == "torch":
         import torch
@@ -81,7 +82,7 @@ def bench(runs: int, lib: str) -> dict:
         import shmlab
         import shmlab.multiprocessing  # noqa: F401  (registers shmlab's reducers)
         make = lambda: shmlab.from_numpy(np.ones(256 * 1024, dtype=np.float32))  # noqa: E731
-    ctx = multiprocessing.get_context("fork")
+    ctx = multiprocessing.get_context(method)
 
     def once(traced: str | None) -> float:
         t = make()
@@ -124,12 +125,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="measure the tracer's cost on one 1 MiB handoff")
     parser.add_argument("--runs", type=int, default=5, help="runs per mode for --bench")
     parser.add_argument("--lib", choices=("torch", "shmlab"), default="torch")
+    parser.add_argument("--method", choices=("fork", "spawn", "forkserver"), default="fork")
     args = parser.parse_args(argv)
     if args.bench:
-        result = bench(args.runs, args.lib)
+        result = bench(args.runs, args.lib, args.method)
         for mode, seconds in result.items():
-            print(f"{args.lib} 1 MiB handoff, {mode:9}: median {seconds:.3f} s "
-                  f"of {args.runs}")
+            print(f"{args.lib} 1 MiB handoff ({args.method} child), {mode:9}: median "
+                  f"{seconds:.3f} s of {args.runs}")
         return 0
     if not command:
         parser.error("give the command to trace after --, e.g. -- python my_script.py")

@@ -21,6 +21,8 @@ operators, not pickling or system calls).
 
 from __future__ import annotations
 
+import builtins
+import functools
 import json
 import os
 import sys
@@ -47,6 +49,7 @@ class Recorder:
     # -- installing ------------------------------------------------------------------------
     def start(self) -> None:
         self.active = True
+        self._pause_during_imports()
         sys.setprofile(self._hook)
         if hasattr(threading, "setprofile_all_threads"):  # 3.12+: running threads too
             threading.setprofile_all_threads(self._hook)
@@ -55,6 +58,8 @@ class Recorder:
 
     def stop(self) -> None:
         self.active = False
+        if getattr(builtins.__import__, "_shmlab_trace", None) is self:
+            builtins.__import__ = builtins.__import__.__wrapped__
         if hasattr(threading, "setprofile_all_threads"):
             threading.setprofile_all_threads(None)
         else:
@@ -63,6 +68,30 @@ class Recorder:
         fd = self._fds.pop(os.getpid(), -1)
         if fd >= 0:
             os.close(fd)
+
+    def _pause_during_imports(self) -> None:
+        """Note [No hook while importing]
+        A module imported inside the block (``import torch`` when a spawn child unpickles
+        its first tensor) runs hundreds of thousands of calls, and a Python-level hook on
+        each one costs seconds; no hop runs at import time. So the hook steps aside while
+        ``__import__`` runs (the ``import`` statement and pickle's ``find_class`` both call
+        it) and comes back when it returns."""
+        if getattr(builtins.__import__, "_shmlab_trace", None) is self:
+            return
+        original, hook = builtins.__import__, self._hook
+
+        @functools.wraps(original)
+        def __import__(*args, **kwargs):
+            if sys.getprofile() != hook:
+                return original(*args, **kwargs)
+            sys.setprofile(None)
+            try:
+                return original(*args, **kwargs)
+            finally:
+                sys.setprofile(hook)
+
+        __import__._shmlab_trace = self
+        builtins.__import__ = __import__
 
     # -- the hook ----------------------------------------------------------------------------
     def _hook(self, frame, event, arg):

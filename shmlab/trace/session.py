@@ -87,6 +87,8 @@ ALWAYS = [
     "a spawn or forkserver child is recorded from the end of its preparation (its parent's "
     "main module re-imported as __mp_main__) on: Python-level hops at that module's top "
     "level are not recorded (its system calls are)",
+    "code that runs while a module is imported is not recorded at Python level (the hook "
+    "steps aside during imports: Note [No hook while importing] in shmlab.trace.recorder)",
     "torch's file_system refcount lives in the segment's header and changes by atomic "
     "instructions: invisible; seen are _shared_incref/_shared_decref (the in-flight count) "
     "and the last closer's unlink",

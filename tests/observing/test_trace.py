@@ -244,6 +244,19 @@ def test_json_round_trip_and_mermaid_lanes():
     assert "Note over P11: mmap torch_1_2_0 x2" in text  # repeats collapse
     assert "P11->>P12: AllocInfo register pid 11 /torch_1_2_0" in text
     assert tr.steps(11) == ["unpickle", "receive fd", "map", "map", "register"]
+    assert len(tr.table().splitlines()) == 2 + len(tr.events)
+
+
+def test_show_displays_the_diagram_as_a_mermaid_fence(monkeypatch):
+    import IPython.display
+
+    shown = []
+    monkeypatch.setattr(IPython.display, "display", shown.append)
+    Trace(events=[_event(1.0, 10, "reduce_storage")],
+          processes={10: ProcessInfo(10, 1, "main")}, limits=["a limit"]).show()
+    (markdown,) = shown
+    assert markdown.data.startswith("```mermaid\nsequenceDiagram\n")
+    assert "| reduce_storage |" in markdown.data and "- a limit" in markdown.data
 
 
 def test_the_log_reader_joins_split_calls_and_reads_the_process_tree():
