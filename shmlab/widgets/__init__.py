@@ -6,7 +6,8 @@
 - ``LeakCleanup``: a process dies, its segments leak, a manager reclaims them: the timeline and
   the measured time to reclaim (observed for torch and shmlab, and from shmlab's event log);
 - ``Dashboard``: the three together, with start/stop buttons;
-- ``DoctorReport``: ``python -m shmlab doctor``'s report, with a clean button that asks first.
+- ``DoctorReport``: ``python -m shmlab doctor``'s report, with a clean button that asks first;
+- ``TraceTimeline``: a ``shmlab.trace`` trace drawn while it records, one lane per process.
 
 Each refreshes from a daemon thread (default 4 Hz, ``hz=``), keeps a bounded history, stops
 when closed, and never raises into the notebook. Outside Jupyter, ``show()`` and ``repr()``
@@ -19,6 +20,7 @@ from .doctor import DoctorReport
 from .fdmonitor import FdMonitor
 from .leakcleanup import LeakCleanup
 from .shmfiles import ShmFiles
+from .tracetimeline import TraceTimeline
 
 __all__ = ["DEFAULT_HZ", "Dashboard", "DoctorReport", "FdMonitor", "LeakCleanup", "ShmFiles",
-           "in_kernel"]
+           "TraceTimeline", "in_kernel"]
