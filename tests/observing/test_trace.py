@@ -248,6 +248,23 @@ def test_json_round_trip_and_mermaid_lanes():
     assert len(tr.table().splitlines()) == 2 + len(tr.events)
 
 
+def test_the_pickle_arrow_follows_the_reducers_that_dumps_called():
+    """dumps() starts before the reduce_* calls it makes, but its bytes leave when it returns:
+    the diagram must not show them sent before the tensor was moved to shared memory."""
+    dumps = Event(t=1.0, pid=10, tid=10, thread="QueueFeederThread", layer="python",
+                  name="ForkingPickler.dumps", lib="multiprocessing", detail="300 bytes",
+                  segment=None, fd=None, duration=0.5)
+    tr = Trace(events=[dumps, _event(1.1, 10, "reduce_tensor"), _event(1.2, 10, "reduce_storage"),
+                       _event(1.6, 11, "ForkingPickler.loads", detail="300 bytes"),
+                       _event(1.7, 11, "rebuild_storage_fd"), _event(1.8, 11, "rebuild_tensor")],
+               processes={10: ProcessInfo(10, 1, "main"), 11: ProcessInfo(11, 10, "child 1")})
+    lines = tr.to_mermaid().splitlines()
+    reducers = next(i for i, line in enumerate(lines) if "reduce_tensor, reduce_storage" in line)
+    arrow = next(i for i, line in enumerate(lines) if "P10->>P11: pickle bytes" in line)
+    rebuild = next(i for i, line in enumerate(lines) if "rebuild_storage_fd" in line)
+    assert reducers < arrow < rebuild, lines
+
+
 def test_show_displays_the_diagram_as_a_mermaid_fence(monkeypatch):
     import IPython.display
 
