@@ -82,6 +82,7 @@ class Trace:
     processes: dict[int, ProcessInfo] = field(default_factory=dict)
     limits: list[str] = field(default_factory=list)
     overhead: dict = field(default_factory=dict)
+    running: bool = field(default=False, compare=False)  # True while the block records
     _poll: object = field(default=None, repr=False, compare=False)  # live reader, while running
 
     # -- reading ---------------------------------------------------------------------------

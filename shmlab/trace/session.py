@@ -137,6 +137,7 @@ def trace(syscalls="auto", keep: bool = False):
         live = Collector(directory, os.getpid(), log if proc else None)
         tr._poll = live.poll
         rec = _recorder.start(directory)
+        tr.running = True
         try:
             yield tr
         finally:
@@ -146,7 +147,9 @@ def trace(syscalls="auto", keep: bool = False):
                 _strace.stop(proc)
             fill(tr, Collector(directory, os.getpid(), log if proc else None), proc is not None)
             tr._poll = live.poll
+            tr.running = False  # after fill(): a live view then redraws from tr.events
     finally:
+        tr.running = False
         if proc is not None:
             _strace.stop(proc)
         _restore(saved)

@@ -42,16 +42,9 @@ class Polled:
 
 
 def finished(tr) -> bool:
-    """Has the trace stopped recording? A ``running``/``finished`` flag says so where the trace
-    has one; otherwise ``shmlab.trace`` counts its events into ``tr.overhead`` at the block's
-    end (a trace read back from JSON has them too)."""
-    running = getattr(tr, "running", None)
-    if isinstance(running, bool):
-        return not running
-    done = getattr(tr, "finished", None)
-    if isinstance(done, bool):
-        return done
-    return "python_events" in (getattr(tr, "overhead", None) or {})
+    """Has the trace stopped recording? ``tr.running`` says so; a trace read back from JSON
+    (or a hand-made one) has none set and is finished."""
+    return not getattr(tr, "running", False)
 
 
 class TraceTimeline(LiveView, W.VBox):

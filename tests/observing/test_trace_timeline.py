@@ -44,7 +44,7 @@ class Recording:
         self.processes: dict[int, Proc] = {}
         self._new: list[Ev] = []
         self._lock = threading.Lock()
-        self.finished = False
+        self.running = True
 
     def add(self, *events: Ev, label: str | None = None) -> None:
         with self._lock:
@@ -85,7 +85,7 @@ def test_the_timeline_grows_while_the_trace_records_and_stops_when_it_ends():
         assert "fd 7 SCM_RIGHTS" in tl.recent.value and "recording" in tl.status.value
         assert tl.poller.running
 
-        tr.finished = True
+        tr.running = False
         wait_for(lambda: not tl.poller.running, 5, "the refresh thread to stop at the end")
         assert "trace ended" in tl.status.value
         assert [e.name for e in tl.events][-1] == "rebuild_storage_fd"
@@ -156,7 +156,7 @@ def test_once_the_trace_has_ended_the_timeline_draws_all_of_it():
     tl.refresh()
     tr.poll = lambda: []  # nothing more to read live
     tr.events = [Ev(T0, 1, "python", "Queue.put"), Ev(T0 + 0.5, 2, "syscall", "mmap")]
-    tr.finished = True
+    tr.running = False
     tl.stop()
     assert tl.seen == 2 and [e.name for e in tl.events] == ["Queue.put", "mmap"]
     assert "trace ended" in tl.status.value
