@@ -15,8 +15,9 @@ process of the machine, so Python-level events and system calls of all processes
 one timeline. A duration is the difference of two such readings (microseconds apart at most
 where the clock is stepped, which a trace of a second does not meet in practice).
 
-Mirrors: nothing in torch (torch has no tracer of its own sharing path; torch.profiler sees
-operators, not pickling or system calls).
+Mirrors: nothing in torch (torch has no tracer of its own sharing path; torch.profiler sees one
+process's operators and, with ``with_stack``, its Python calls, not the handoff across processes
+or its system calls).
 """
 
 from __future__ import annotations

@@ -90,8 +90,9 @@ ALWAYS = [
     "code that runs while a module is imported is not recorded at Python level (the hook "
     "steps aside during imports: Note [No hook while importing] in shmlab.trace.recorder)",
     "torch's file_system refcount lives in the segment's header and changes by atomic "
-    "instructions: invisible; seen are _shared_incref/_shared_decref (the in-flight count) "
-    "and the last closer's unlink",
+    "instructions inside C++: the changes made when a process maps or closes the segment are "
+    "invisible; seen are the _shared_incref/_shared_decref calls on that same count (the +1 "
+    "that keeps the segment alive while a message is in flight) and the last closer's unlink",
 ]
 
 
