@@ -38,7 +38,8 @@ TAG = "hidden-test"
 # Notebooks tests/notebooks/test_claims.py also runs with SHMLAB_START_METHOD=spawn; every
 # notebook runs under the default (fork on Linux before Python 3.14) in tests/notebooks.
 SPAWN_NOTEBOOKS = ("01_what_is_torch_multiprocessing.ipynb", "02_sharing_strategy_api.ipynb",
-                   "14_trace_a_tensor.ipynb", "16_sharing_without_a_queue.ipynb")
+                   "14_trace_a_tensor.ipynb", "15_dataloader_workers.ipynb",
+                   "16_sharing_without_a_queue.ipynb")
 ALL_PYTHONS_DIR = "tests/pythons"
 
 _IDS = rf"{ID.pattern}(?:\s*,\s*{ID.pattern})*"

@@ -45,6 +45,7 @@ SECTIONS = {
     "handout": "The handout's claims",
     "issue12": "Corrections and additions (issue 12)",
     "issue25": "Corrections and additions (issue 25)",
+    "issue29": "Beyond the handout (issue 29)",
     "project": "The project's own claims",
 }
 HEADER = ("| id | owner | claim | 中文 | conditions | asserted by |\n"

@@ -33,6 +33,9 @@ REQUIRED = {
     "process trees under fork, spawn and forkserver": (
         "08_when_the_parent_dies.ipynb",
         ('"fork"', '"spawn"', '"forkserver"', "the fork server", "fork + exec")),
+    "a DataLoader batch, from a worker to the main process": (
+        "15_dataloader_workers.ipynb",
+        ("_new_shared", "prefetch_factor", "worker_init_fn", "SIGCHLD", "pin_memory")),
     "Hogwild vs DDP": (
         "06_hogwild_training.ipynb",
         ("share_memory()", "no lock", "all-reduced", "broadcast", "bit-identical")),
