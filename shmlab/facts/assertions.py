@@ -43,7 +43,8 @@ TAG = "hidden-test"
 # themselves (multiprocessing_context="spawn"), so its fork run covers them.
 SPAWN_NOTEBOOKS = ("01_what_is_torch_multiprocessing.ipynb", "02_sharing_strategy_api.ipynb",
                    "14_trace_a_tensor.ipynb", "16_sharing_without_a_queue.ipynb",
-                   "17_autograd_across_processes.ipynb")
+                   "17_autograd_across_processes.ipynb",
+                   "18_cuda_ipc_in_depth.ipynb")
 ALL_PYTHONS_DIR = "tests/pythons"
 
 _IDS = rf"{ID.pattern}(?:\s*,\s*{ID.pattern})*"

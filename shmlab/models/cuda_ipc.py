@@ -17,6 +17,13 @@ Note [The protocol being modelled]
   block goes to the *limbo*. ``ipc_collect()`` returns limbo blocks whose slots are all 0.
 * A received block cannot be sent on: "Attempted to send CUDA tensor received from another
   process...". A producer that exits with blocks in limbo warns.
+* When the limbo is collected (CudaIPCSentDataDelete, CudaIPCCollect): every time the producer
+  frees a block it had sent (after parking it, if it must), and on ``ipc_collect()``; never on a
+  send. Adding a block while more than ``WARN_AFTER_BLOCKS_IN_LIMBO`` wait there warns once.
+* A counters file retires (CudaIPCRefCountersFile, ReturnRefCounter): a slot is handed back when
+  the block it was sent with is really freed, and a file whose ``SLOTS`` slots were all handed
+  out and all handed back is closed. ``ipc_collect()`` with an empty limbo also closes the
+  current file if none of its slots is out (safe_clean_current_file).
 Not modelled: CUDA events (stream sync), devices, the OOM callback that also collects.
 Only the consumer writes a slot after the send and the producer only reads it, so plain int64
 stores suffice here where torch uses atomics.
@@ -34,10 +41,14 @@ import numpy as np
 
 from shmlab import _shm
 
-SLOTS = 10_000              # int64 counters per file, as CudaIPCRefCountersFile
+SLOTS = 10_000              # int64 counters per file, as CUDA_IPC_REF_COUNTER_FILE_SIZE
+WARN_AFTER_BLOCKS_IN_LIMBO = 1000  # as CUDA_IPC_WARN_AFTER_X_BLOCKS_IN_LIMBO
 SEGMENT_SIZE = 64 * 1024    # bytes per "cudaMalloc" segment (torch's small pool: 2 MiB)
 RESEND_ERROR = ("Attempted to send CUDA tensor received from another process; this is not "
                 "currently supported. Consider cloning before sending.")
+LIMBO_WARNING = (f"Producer process tried to deallocate over {WARN_AFTER_BLOCKS_IN_LIMBO} memory "
+                 "blocks referred by consumer processes. Deallocation might be significantly "
+                 "slowed down.")
 EXIT_WARNING = ("Producer process has been terminated before all shared CUDA tensors "
                 "released. See Note [Sharing CUDA tensors]")
 
@@ -59,7 +70,8 @@ class _Counters:
         self.name = name
         self.mapping = (_shm.create_refcounted if create else _shm.attach_refcounted)(name, size)
         self.slots = np.frombuffer(self.mapping.buffer(_shm.HEADER_SIZE), np.int64, SLOTS)
-        self.next = 0
+        self.next = 0  # the next slot to hand out: slots are never reused (rotate_offset)
+        self.used = 0  # slots handed out whose block is not freed yet (used_slots_)
 
     def close(self) -> None:
         self.slots = None
@@ -82,7 +94,8 @@ class Block:
         """The value of every slot this block was sent with (producer side)."""
         if self.received:
             raise RuntimeError("only the producer reads a block's counters")
-        return [int(c.slots[i]) for c, i in self.sends]
+        # a retired file (closed) had every slot handed back: nothing is counted there
+        return [int(c.slots[i]) if c.slots is not None else 0 for c, i in self.sends]
 
     def free(self, limbo: bool = True) -> str:
         """``del tensor``: the producer frees or parks it; a consumer releases its slot.
@@ -102,6 +115,7 @@ class _Producer:
         self.pid, self.segments, self.cache, self.limbo = os.getpid(), {}, [], []
         self.counters: list[_Counters] = []
         self.bump = SEGMENT_SIZE  # bytes used in the newest segment (full: none yet)
+        self.warned = False  # the limbo warning is given once per process
 
     def alloc(self, size: int) -> Block:
         if not 0 < size <= SEGMENT_SIZE:
@@ -125,6 +139,7 @@ class _Producer:
             self.counters.append(_Counters(_shm.new_name(), create=True))
         counters = self.counters[-1]
         slot, counters.next = counters.next, counters.next + 1
+        counters.used += 1
         counters.slots[slot] = 1  # one consumer will hold it
         block.sends.append((counters, slot))
         return IpcHandle(block.handle, block.offset, block.size, counters.name, slot * 8)
@@ -133,17 +148,42 @@ class _Producer:
         if block.freed:
             return "already freed"
         block.freed = True
+        state = "freed"
         if limbo and any(block.counters()):  # a consumer may still use it: CudaIPCSentDataLimbo
+            if len(self.limbo) > WARN_AFTER_BLOCKS_IN_LIMBO and not self.warned:
+                warnings.warn(LIMBO_WARNING, RuntimeWarning, stacklevel=3)
+                self.warned = True
             self.limbo.append(block)
-            return "limbo"
-        self.cache.append((block.handle, block.offset, block.size))
-        return "freed"
+            state = "limbo"
+        else:
+            self._give_back(block)
+        if block.sends:  # torch's deleter of a sent block collects the whole limbo each time
+            self._collect_limbo()
+        return state
 
-    def collect(self) -> int:
+    def _give_back(self, block: Block) -> None:
+        """The block's memory returns to the allocator, and its slots to their files."""
+        self.cache.append((block.handle, block.offset, block.size))
+        for counters, _ in block.sends:  # ReturnRefCounter, in ~CudaIPCSentData
+            counters.used -= 1
+            if counters.used == 0 and counters.next == SLOTS:  # full and all handed back
+                self.counters.remove(counters)
+                counters.close()
+
+    def _collect_limbo(self) -> int:
         done = [b for b in self.limbo if not any(b.counters())]
         self.limbo = [b for b in self.limbo if b not in done]
-        self.cache += [(b.handle, b.offset, b.size) for b in done]
+        for b in done:
+            self._give_back(b)
         return len(done)
+
+    def collect(self) -> int:
+        freed = self._collect_limbo()
+        current = self.counters[-1] if self.counters else None
+        if not self.limbo and current is not None and current.used == 0:
+            self.counters.pop()  # safe_clean_current_file: the next send opens a new file
+            current.close()
+        return freed
 
     def shutdown(self) -> None:
         self.collect()

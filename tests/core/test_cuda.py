@@ -107,3 +107,42 @@ def test_a_forked_child_cannot_reinitialise_cuda():
     finally:
         _stop(child)
     assert "Cannot re-initialize CUDA in forked subprocess" in msg, msg
+
+
+# Notebook 18's GPU side (its cells skip without a GPU; these check the same claims here).
+@pytest.mark.claim("C18.1", "C18.2")
+def test_only_an_interprocess_event_has_an_ipc_handle_and_it_pickles_as_one():
+    from torch.multiprocessing import reductions
+
+    with pytest.raises(RuntimeError):
+        torch.cuda.Event().ipc_handle()  # interprocess=False: CUDA refuses
+    event = torch.cuda.Event(interprocess=True)
+    event.record()
+    handle = event.ipc_handle()
+    assert isinstance(handle, bytes) and len(handle) == 64
+    rebuild, (device, sent) = reductions.reduce_event(event)
+    assert rebuild is reductions.rebuild_event and device == event.device and sent == handle
+
+
+@pytest.mark.claim("C18.3")
+def test_each_send_carries_an_event_handle_to_wait_on():
+    t = torch.ones(1024, device="cuda")
+    fields = t.untyped_storage()._share_cuda_()
+    event_handle, event_sync_required = fields[6], fields[7]
+    assert isinstance(event_handle, bytes) and len(event_handle) == 64
+    assert event_sync_required is True  # far below the 1000 live events of the header
+    torch.UntypedStorage._release_ipc_counter(fields[4], fields[5], device=fields[0])
+    del t
+    torch.cuda.ipc_collect()
+
+
+@pytest.mark.claim("C18.13")
+def test_a_pinned_tensor_leaves_pinned_memory_when_pickled_for_a_queue():
+    from multiprocessing.reduction import ForkingPickler
+
+    pinned = torch.ones(4).pin_memory()
+    assert pinned.is_pinned() and not pinned.is_shared()
+    received = ForkingPickler.loads(ForkingPickler.dumps(pinned))  # q.put / q.get, in-process
+    assert pinned.is_shared() and not pinned.is_pinned()  # moved into /dev/shm under the sender
+    assert received.is_shared() and not received.is_pinned()
+    assert received.tolist() == [1.0] * 4

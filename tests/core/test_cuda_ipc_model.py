@@ -190,3 +190,69 @@ def test_a_forked_child_does_not_release_its_parents_blocks():
     assert child.exitcode == 0 and b.counters() == [1]  # the child had nothing of its own
     got.free()
     assert b.counters() == [0]
+
+
+# torch's constants and slot rules, read from the installed header (CudaIPCTypes.h ships with
+# every wheel, CPU builds included); the behaviour each test checks is in CudaIPCTypes.cpp.
+def _torch_ipc_header() -> str:
+    import pathlib
+
+    import torch
+
+    return (pathlib.Path(torch.__file__).parent / "include/torch/csrc/CudaIPCTypes.h").read_text()
+
+
+def test_the_models_constants_are_torchs():
+    header = _torch_ipc_header()
+    assert f"CUDA_IPC_REF_COUNTER_FILE_SIZE = {model.SLOTS};" in header
+    assert f"CUDA_IPC_WARN_AFTER_X_BLOCKS_IN_LIMBO = {model.WARN_AFTER_BLOCKS_IN_LIMBO};" in header
+
+
+def test_freeing_a_sent_block_collects_the_limbo_and_a_send_does_not():
+    b = model.alloc(16)
+    got_b = model.rebuild_block(*model.share(b))  # received in this process
+    assert b.free() == "limbo"
+    got_b.free()  # the consumer lets go: nothing is collected by that
+    assert model.limbo() == [b]
+    c = model.alloc(16)
+    got_c = model.rebuild_block(*model.share(c))  # a send collects nothing either
+    assert model.limbo() == [b]
+    private = model.alloc(16)
+    assert private.free() == "freed" and model.limbo() == [b]  # never sent: no collection
+    got_c.free()
+    assert c.free() == "freed" and model.limbo() == []  # CudaIPCSentDataDelete collected b
+
+
+def test_the_limbo_warns_once_when_a_block_joins_more_than_1000():
+    held = []
+    for _ in range(model.WARN_AFTER_BLOCKS_IN_LIMBO + 3):
+        b = model.alloc(16)
+        held.append((b, model.rebuild_block(*model.share(b))))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        states = [b.free() for b, _ in held]
+    assert set(states) == {"limbo"}
+    limbo_warnings = [w for w in caught if "tried to deallocate over 1000" in str(w.message)]
+    assert len(limbo_warnings) == 1, caught  # given when the 1002nd joined 1001, then never
+    for _, got in held:
+        got.free()
+    assert model.ipc_collect() == len(held) and model.limbo() == []
+
+
+def test_a_full_counters_file_retires_when_every_slot_is_back(monkeypatch):
+    monkeypatch.setattr(model, "SLOTS", 3)
+    header = _torch_ipc_header()
+    assert "return next_offset_ < size_;" in header  # have_offsets(): slots are never reused
+    assert "used_slots_--;" in header.split("void return_offset")[1].split("}")[0]
+    b = model.alloc(8)
+    handles = [model.share(b) for _ in range(4)]
+    first, second = handles[0].counter_handle, handles[3].counter_handle
+    assert first != second and handles[3].counter_offset == 0
+    got = [model.rebuild_block(*h) for h in handles]  # the cache hits release 3 of 4 at once
+    got[0].free()
+    assert _shm.read_refcount(first) is not None  # a slot is back when its block is freed
+    assert b.free() == "freed"
+    assert _shm.read_refcount(first) is None  # full, every slot handed back: closed and gone
+    assert _shm.read_refcount(second) is not None  # the current file stays ...
+    assert model.ipc_collect() == 0
+    assert _shm.read_refcount(second) is None  # ... until ipc_collect finds no slot out
