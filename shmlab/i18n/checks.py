@@ -38,10 +38,19 @@ class Problem:
         return f"{self.where}: {self.what}"
 
 
+# Not prose either: a call or an API name with its brackets (``report()``, ``fd_count(x)``)
+# and an f-string's replacement fields (``{len(problems)}``).
+_CODE_LIKE = re.compile(r"[A-Za-z_][\w.]*\([^()\u3400-\u9fff]*\)|\{[^{}\n]*\}")
+
+
 def prose_parts(text: str) -> list[str]:
-    """The lines of ``text`` outside code, links and URLs that contain Chinese."""
-    plain = _NOT_PROSE.sub(" ", text)
-    return [ln for ln in plain.splitlines() if _HAS_CJK.search(ln)]
+    """The pieces of ``text`` outside code, links and URLs that contain Chinese: lines, and a
+    table row's cells one by one."""
+    plain = _CODE_LIKE.sub(" ", _NOT_PROSE.sub(" ", text))
+    parts = []
+    for line in plain.splitlines():
+        parts += line.split("|") if line.lstrip().startswith("|") else [line]
+    return [p for p in parts if _HAS_CJK.search(p)]
 
 
 def half_width(text: str) -> list[str]:
@@ -49,7 +58,7 @@ def half_width(text: str) -> list[str]:
     string literal): the offending snippets."""
     found = []
     for line in prose_parts(text):
-        line = re.sub(r"^\s*([-*+]|\d+\.|#+|\|)\s", " ", line)  # list items, headings, tables
+        line = re.sub(r"^\s*([-*+]|\d+\.|#+)\s", " ", line)  # list items, headings
         for pattern, _ in _HALF:
             for m in pattern.finditer(line):
                 a, b = max(0, m.start() - 8), min(len(line), m.end() + 8)
