@@ -33,6 +33,9 @@ def main(argv=None) -> int:
         for path, counts in catalog.extract(args.root, args.locale, set(args.stems)):
             print(f"{path}: {counts['added']} new, {counts['fuzzy']} fuzzy, "
                   f"{counts['obsolete']} obsolete")
+        if not args.stems:
+            path, counts = catalog.extract_messages(args.root, args.locale)
+            print(f"{path}: {counts['added']} new, {counts['obsolete']} obsolete")
         return 0
     if args.command == "build":
         for path in building.build(args.root, args.locale):

@@ -153,3 +153,58 @@ def translation(entry) -> str | None:
 
 def translated_count(po) -> int:
     return sum(1 for e in by_id(po).values() if translation(e) is not None)
+
+
+# The messages shmlab prints (shmlab.messages): the tr("...") calls of the package.
+MESSAGES = Path("shmlab/messages")
+# The calls whose first argument is a message: tr("..."), N_("...") and the quiz's _ui("...").
+MARKERS = {"tr", "N_", "_ui"}
+
+
+def package_messages(root=".") -> dict[str, list[str]]:
+    """Every ``tr("literal", ...)`` (or other ``MARKERS``) message of the package at ``root``:
+    msgid -> where."""
+    import ast
+
+    found: dict[str, list[str]] = {}
+    for path in sorted((Path(root) / "shmlab").rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+        for node in ast.walk(tree):
+            name = getattr(node.func, "id", getattr(node.func, "attr", None)) \
+                if isinstance(node, ast.Call) else None
+            if (name in MARKERS and node.args
+                    and isinstance(node.args[0], ast.Constant)
+                    and isinstance(node.args[0].value, str)):
+                where = f"{path.relative_to(root).as_posix()}:{node.lineno}"
+                found.setdefault(node.args[0].value, []).append(where)
+    return found
+
+
+def messages_catalog(root=".", locale: str = LOCALE) -> Path:
+    return Path(root) / MESSAGES / f"{locale}.po"
+
+
+def extract_messages(root=".", locale: str = LOCALE) -> tuple[Path, dict]:
+    """Bring ``shmlab/messages/<locale>.po`` in step with the package's ``tr`` calls: new
+    messages added, vanished ones made obsolete (their translation kept for reuse)."""
+    polib = _polib()
+    path = messages_catalog(root, locale)
+    po = load(path, locale)
+    old = {e.msgid: e for e in po if not e.obsolete}
+    counts = {"added": 0, "fuzzy": 0, "obsolete": 0}
+    entries = []
+    for msgid, where in package_messages(root).items():
+        entry = old.pop(msgid, None)
+        if entry is None:
+            entry = polib.POEntry(msgid=msgid, msgstr="")
+            counts["added"] += 1
+        entry.occurrences = [(w.split(":")[0], w.split(":")[1]) for w in where]
+        entries.append(entry)
+    for entry in old.values():
+        entry.obsolete = True
+        counts["obsolete"] += 1
+    po[:] = entries + list(old.values()) + [e for e in po if e.obsolete and e not in
+                                            old.values()]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    po.save(str(path))
+    return path, counts

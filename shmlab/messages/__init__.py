@@ -55,6 +55,12 @@ def _table(lang: str) -> dict[str, str]:
             if e.msgstr and not e.obsolete and "fuzzy" not in e.flags}
 
 
+def N_(message: str) -> str:
+    """Mark ``message`` for the catalog where it is translated later (gettext's ``N_``): the
+    grade buttons' names are data first, labels second."""
+    return message
+
+
 def tr(message: str, lang: str | None = None, **fields) -> str:
     """``message`` in the chosen language, formatted with ``fields`` (``str.format``)."""
     text = _table(language(lang)).get(message, message) if language(lang) != "en" else message
