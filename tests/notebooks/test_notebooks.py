@@ -80,6 +80,7 @@ def test_start_here_reports_every_check():
         "default sharing strategy:",
         "ulimit -n:",
         "/dev/shm:",
+        "CJK font:",
     ):
         lines = [ln for ln in text.splitlines() if label in ln]
         assert lines, f"00_start_here printed no {label!r} line:\n{text}"
