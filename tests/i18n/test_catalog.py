@@ -147,3 +147,17 @@ def test_extract_marks_a_changed_cell_fuzzy_and_keeps_the_old_translation():
     assert catalog.translation(entry) is None  # a stale entry builds as English
     nb.cells = []
     assert catalog.merge(po, nb)["obsolete"] == 1
+
+
+ZH_DOCS = ["README.zh.md", "docs/cheatsheet.zh.md", "docs/mock_interview.zh.md",
+           "docs/study_plan.zh.md"]
+
+
+@pytest.mark.parametrize("name", ZH_DOCS)
+def test_the_chinese_pages_use_full_width_punctuation_and_link_what_exists(name):
+    text = (REPO / name).read_text(encoding="utf-8")
+    assert checks.half_width(text) == [], checks.half_width(text)
+    for m in build._LINK.finditer(text):
+        target = (m.group(2) or m.group(5)).split("#")[0]
+        if target and not build._ABSOLUTE.match(target):
+            assert ((REPO / name).parent / target).exists(), f"{name}: {target} is missing"
