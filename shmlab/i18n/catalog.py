@@ -105,6 +105,7 @@ def merge(po, nb) -> dict[str, int]:
     many entries were added, marked fuzzy and made obsolete."""
     polib = _polib()
     old, counts = by_id(po), {"added": 0, "fuzzy": 0, "obsolete": 0}
+    obsolete = [e for e in po if e.obsolete]  # from earlier runs: kept for reuse
     entries = []
     for cell in nb.cells:
         if not cells.translatable(cell):
@@ -123,8 +124,7 @@ def merge(po, nb) -> dict[str, int]:
     for entry in old.values():  # the cell is gone (or has nothing to translate any more)
         entry.obsolete = True
         counts["obsolete"] += 1
-    kept = [e for e in po if e.obsolete and e.msgctxt not in {x.msgctxt for x in entries}]
-    po[:] = entries + kept + list(old.values())
+    po[:] = entries + list(old.values()) + obsolete
     return counts
 
 
@@ -191,6 +191,7 @@ def extract_messages(root=".", locale: str = LOCALE) -> tuple[Path, dict]:
     path = messages_catalog(root, locale)
     po = load(path, locale)
     old = {e.msgid: e for e in po if not e.obsolete}
+    obsolete = [e for e in po if e.obsolete]
     counts = {"added": 0, "fuzzy": 0, "obsolete": 0}
     entries = []
     for msgid, where in package_messages(root).items():
@@ -203,8 +204,7 @@ def extract_messages(root=".", locale: str = LOCALE) -> tuple[Path, dict]:
     for entry in old.values():
         entry.obsolete = True
         counts["obsolete"] += 1
-    po[:] = entries + list(old.values()) + [e for e in po if e.obsolete and e not in
-                                            old.values()]
+    po[:] = entries + list(old.values()) + obsolete
     path.parent.mkdir(parents=True, exist_ok=True)
     po.save(str(path))
     return path, counts

@@ -38,9 +38,10 @@ class Problem:
         return f"{self.where}: {self.what}"
 
 
-# Not prose either: a call or an API name with its brackets (``report()``, ``fd_count(x)``)
-# and an f-string's replacement fields (``{len(problems)}``).
-_CODE_LIKE = re.compile(r"[A-Za-z_][\w.]*\([^()\u3400-\u9fff]*\)|\{[^{}\n]*\}")
+# Not prose either: a call or an API name with its brackets (``report()``, ``fd_count(x)``),
+# a tuple of names (``(st_ino, st_dev)``) and an f-string's replacement fields (``{n}``).
+_CODE_LIKE = re.compile(r"[A-Za-z_][\w.]*\([^()\u3400-\u9fff]*\)|\{[^{}\n]*\}"
+                        r"|\((?:[A-Za-z_][\w.]*\s*,\s*)+[A-Za-z_][\w.]*\)")
 
 
 def prose_parts(text: str) -> list[str]:

@@ -147,6 +147,7 @@ def test_extract_marks_a_changed_cell_fuzzy_and_keeps_the_old_translation():
     assert catalog.translation(entry) is None  # a stale entry builds as English
     nb.cells = []
     assert catalog.merge(po, nb)["obsolete"] == 1
+    assert catalog.merge(po, nb)["obsolete"] == 0 and len(po) == 1  # kept once, not again
 
 
 ZH_DOCS = ["README.zh.md", "docs/cheatsheet.zh.md", "docs/mock_interview.zh.md",
