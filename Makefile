@@ -1,5 +1,6 @@
 # shmlab: two commands do everything.
 #   make lab   - create .venv if needed, install shmlab with its pinned dependencies, open JupyterLab
+#                (make lab LANG=zh: the Chinese edition, 中文版)
 #   make test  - the same set-up, then lint and the whole test suite (notebooks included)
 #   make test-fast - the same set-up, lint, and the core and manager tests (minutes)
 # The Python minor versions shmlab is tested on; requirements/ holds one constraints file each.
@@ -48,10 +49,26 @@ $(STAMP): pyproject.toml $(CONSTRAINTS) $(if $(PYTHON_ERROR),FORCE)
 # As root (a container, say) JupyterLab refuses to start without --allow-root.
 ROOT_ARGS := $(if $(filter 0,$(shell id -u)),--allow-root)
 
+# The Chinese edition: `make lab LANG=zh` opens notebooks/zh/00_start_here.ipynb, with
+# JupyterLab's own interface in Chinese (jupyterlab-language-pack-zh-cn, a dependency); shmlab's
+# messages are Chinese in any kernel started in a zh folder. LANG is also the locale variable,
+# so only `zh` or `zh_*` means Chinese, and JupyterLab gets a valid locale (C.UTF-8) in place
+# of a bare `zh`. The interface language is a user setting: the Chinese sessions keep theirs in
+# $(ZH_SETTINGS), so the English sessions' settings stay as they are.
+ZH          := $(filter zh zh_%,$(LANG))
+ZH_SETTINGS := $(VENV)/share/shmlab/lab-settings-zh
+START       := notebooks/$(if $(ZH),zh/)00_start_here.ipynb
+LAB_ENV     := $(if $(ZH),env LANG=C.UTF-8)
+ZH_ARGS     := $(if $(ZH),--LabApp.user_settings_dir=$(ZH_SETTINGS))
+
+$(ZH_SETTINGS)/@jupyterlab/translation-extension/plugin.jupyterlab-settings:
+	@mkdir -p $(dir $@)
+	@echo '{"locale": "zh_CN"}' > $@
+
 # Rooted at the repository, so labs/ is in the file browser next to notebooks/; opens 00 first.
-lab: setup
-	$(VENV)/bin/jupyter lab --ServerApp.root_dir=. \
-		--LabApp.default_url=/lab/tree/notebooks/00_start_here.ipynb $(ROOT_ARGS) $(LAB_ARGS)
+lab: setup $(if $(ZH),$(ZH_SETTINGS)/@jupyterlab/translation-extension/plugin.jupyterlab-settings)
+	$(LAB_ENV) $(VENV)/bin/jupyter lab --ServerApp.root_dir=. \
+		--LabApp.default_url=/lab/tree/$(START) $(ZH_ARGS) $(ROOT_ARGS) $(LAB_ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check .

@@ -19,9 +19,13 @@ import re
 
 import ipywidgets as w
 
+from ..messages import N_, language, tr
 from .bank import QUESTIONS
 from .deck import Deck
 from .schedule import GRADES
+
+# The grade buttons' labels, marked for the catalog (their Chinese is in shmlab/messages).
+GRADE_LABELS = (N_("again"), N_("hard"), N_("good"), N_("easy"))
 
 LANGS = {"中文": "zh", "English": "en", "both": "both"}
 # The grade buttons keep the theme's button colours (white on ipywidgets' orange, teal or green
@@ -56,7 +60,7 @@ _SEEN = "var(--jp-brand-color2,#64b5f6)"
 _WRONG = "color:var(--jp-error-color1,#d32f2f)"
 
 
-def progress_html(progress: dict) -> str:
+def progress_html(progress: dict, counts: str = "{known}/{total} known · {seen} seen") -> str:
     """One bar per handout question: dark = known, light = seen, empty = not seen yet."""
     rows = []
     for q in QUESTIONS:
@@ -72,7 +76,7 @@ def progress_html(progress: dict) -> str:
             f'<span style="display:flex;width:240px;height:12px;{_BAR}">'
             f'<span style="width:{known:.1f}%;background:{_KNOWN}"></span>'
             f'<span style="width:{seen:.1f}%;background:{_SEEN}"></span></span>'
-            f'<span>{row["known"]}/{row["total"]} known · {row["seen"]} seen</span></div>')
+            f'<span>{counts.format(**row)}</span></div>')
     return '<div class="shmlab-drill-progress">' + "".join(rows) + "</div>"
 
 
@@ -80,10 +84,11 @@ class Quiz:
     """A drill session in a widget. `deck` defaults to a Deck over the whole bank; `lang` is
     "both", "en" or "zh"; `limit` caps the cards graded this session."""
 
-    def __init__(self, deck: Deck | None = None, lang: str = "both", limit: int | None = 10,
-                 seed: int = 0, questions=None):
+    def __init__(self, deck: Deck | None = None, lang: str | None = None,
+                 limit: int | None = 10, seed: int = 0, questions=None):
         self.deck = deck or Deck(seed=seed, questions=questions, limit=limit)
-        self.lang = lang
+        # None: Chinese in the Chinese edition (shmlab.messages.language), else both
+        self.lang = lang or ("zh" if language() == "zh" else "both")
         self.revealed = False
         self._build()
         self._render()
@@ -122,6 +127,11 @@ class Quiz:
         self._render()
 
     # --- the widget -----------------------------------------------------------------------------
+    def _ui(self, english: str, both: str | None = None) -> str:
+        """A label in the quiz's language: Chinese in 中文 mode, else ``both`` (the bilingual
+        label) or the English."""
+        return tr(english, lang="zh") if self.lang == "zh" else (both or english)
+
     def _build(self) -> None:
         self.lang_buttons = w.ToggleButtons(options=list(LANGS), value=self._lang_label(),
                                             description="language")
@@ -158,7 +168,9 @@ class Quiz:
         card = self.deck.current()
         done = card is None
         self.question.value = (
-            "<p><b>Session done / 本轮完成。</b> No card is due now; come back later.</p>"
+            "<p>" + self._ui("<b>Session done.</b> No card is due now; come back later.",
+                             "<b>Session done / 本轮完成。</b> No card is due now; come back "
+                             "later.") + "</p>"
             if done else
             f"<p><small>{card.question} · {card.level}</small><br>"
             f"<b>{_html(card.text('prompt', self.lang))}</b></p>")
@@ -166,9 +178,21 @@ class Quiz:
         self.reveal_button.disabled = done or self.revealed
         for b in self.grade_buttons:
             b.disabled = done or not self.revealed
-        self.status.value = (f"<small>graded this session: {self.deck.answered} · "
-                             f"session {self.deck.sessions}</small>")
-        self.chart.value = STYLE + progress_html(self.deck.progress())
+        self.status.value = "<small>" + self._ui(
+            "graded this session: {answered} · session {sessions}").format(
+            answered=self.deck.answered, sessions=self.deck.sessions) + "</small>"
+        self.chart.value = STYLE + progress_html(self.deck.progress(), self._ui(
+            "{known}/{total} known · {seen} seen"))
+        self._relabel()
+
+    def _relabel(self) -> None:
+        """The buttons' and boxes' labels in the current language (the 中文 switch too)."""
+        self.lang_buttons.description = self._ui("language")
+        self.answer_box.placeholder = self._ui("your answer (optional)",
+                                               "your answer / 你的回答 (optional)")
+        self.reveal_button.description = self._ui("Reveal", "Reveal / 显示答案")
+        for b, g in zip(self.grade_buttons, GRADES, strict=True):
+            b.description = self._ui(g)
         if not self.revealed:
             self.answer_box.value = ""
 

@@ -5,8 +5,9 @@ Mirrors: nothing in torch; the project's fact base.
 Flashcards (shmlab/drill/bank.json): every card has a non-empty ``claims`` list of known ids,
 the claims its answer and why_wrong rest on.
 
-Markdown (docs/cheatsheet.md, docs/cheatsheet.zh.md, docs/mock_interview.md): the text is cut
-into blocks, and every block is fact-bearing unless exempted:
+Markdown (docs/cheatsheet.md, docs/cheatsheet.zh.md, docs/mock_interview.md and its Chinese
+edition docs/mock_interview.zh.md): the text is cut into blocks, and every block is
+fact-bearing unless exempted:
   - a block is a table body row (header and ``|---|`` rows are not blocks), a list item with its
     indented continuation lines, or a paragraph (consecutive lines up to a blank line, a heading,
     a table or a list item); headings, fenced code and standalone HTML comments are not blocks;

@@ -1,4 +1,5 @@
-"""The doctor's machine checks: versions, start method, sharing strategy, fd limit, /dev/shm.
+"""The doctor's machine checks: versions, start method, sharing strategy, fd limit, /dev/shm,
+and a CJK font for the Chinese edition.
 
 Each check reads the machine and returns Findings; none changes anything. The leak checks
 (segments, managers, fds) are in ``leaks``, the report in ``doctor``; the command line is
@@ -11,6 +12,8 @@ import multiprocessing
 import os
 import platform
 import resource
+import shutil
+import subprocess
 import sys
 from dataclasses import dataclass, field
 
@@ -197,6 +200,42 @@ def dev_shm(shm_dir: str = introspect.SHM_DIR) -> list[Finding]:
     return [Finding("dev_shm", "ok", text, details=details)]
 
 
+CJK_FONT_FIX = ("sudo apt-get install fonts-noto-cjk (Debian, Ubuntu); sudo dnf install "
+                "google-noto-sans-cjk-fonts (Fedora); brew install --cask font-noto-sans-cjk "
+                "(macOS)")
+
+
+def cjk_fonts() -> list[str] | None:
+    """The families ``fc-list :lang=zh`` lists (None: no fontconfig to ask)."""
+    if shutil.which("fc-list") is None:
+        return None
+    try:
+        out = subprocess.run(["fc-list", ":lang=zh", "family"], capture_output=True,
+                             text=True, timeout=10).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return sorted({line.split(",")[0].strip() for line in out.splitlines() if line.strip()})
+
+
+def cjk_font() -> list[Finding]:
+    """A font with Chinese glyphs: without one a browser on this machine draws the Chinese
+    edition (notebooks/zh/, the quiz's 中文 mode) as boxes. Info, not a warning: the English
+    edition needs none, and a browser on another machine uses that machine's fonts."""
+    fonts = cjk_fonts()
+    if fonts is None:
+        return [Finding("cjk_font", "info", "cannot tell whether a CJK font is installed "
+                        "(no fc-list); the Chinese edition needs one in the browser's machine",
+                        CJK_FONT_FIX, {"fonts": None})]
+    if not fonts:
+        return [Finding("cjk_font", "info", "no CJK font installed (fc-list :lang=zh is "
+                        "empty): a browser on this machine shows the Chinese edition's text as "
+                        "boxes", CJK_FONT_FIX, {"fonts": []})]
+    return [Finding("cjk_font", "ok", f"CJK font: {fonts[0]}"
+                    + (f" (+{len(fonts) - 1} more)" if len(fonts) > 1 else ""),
+                    details={"fonts": fonts})]
+
+
 def machine(shm_dir: str = introspect.SHM_DIR) -> list[Finding]:
     """Every machine check, in report order."""
-    return [*versions(), *start_method(), *sharing_strategy(), *fd_limit(), *dev_shm(shm_dir)]
+    return [*versions(), *start_method(), *sharing_strategy(), *fd_limit(), *dev_shm(shm_dir),
+            *cjk_font()]

@@ -88,6 +88,7 @@ from pathlib import Path
 
 import nbformat
 
+from ..messages import language, tr
 from . import integrity, sandbox
 from .release import SOURCE, nbgrader_meta, release_cell
 
@@ -112,6 +113,7 @@ class Result:
     seconds: float
     problem: str = ""  # why the notebook as a whole could not be graded (or was voided)
     max_points: float = field(default=0.0)
+    language: str = "en"  # the notebook's metadata.language: its messages' language
 
     @property
     def score(self) -> float:
@@ -245,8 +247,9 @@ def _protected(cwd, source_dir) -> list[str]:
 
 
 def run_job(job: dict, cwd, cell_timeout: float, deadline: float,
-            source_dir=SOURCE) -> Exercise:
-    """Run one exercise in a fresh sandbox (``sandbox``); the verdict or why there is none."""
+            source_dir=SOURCE, lang: str = "en") -> Exercise:
+    """Run one exercise in a fresh sandbox (``sandbox``); the verdict or why there is none.
+    ``lang``: the language of the checks' messages (``SHMLAB_LANG`` in the sandbox)."""
     start = time.monotonic()
     rfd, wfd = os.pipe()
     tmpdir = tempfile.mkdtemp(prefix="shmlab-grade-")  # the sandbox mounts a tmpfs on it
@@ -255,7 +258,7 @@ def run_job(job: dict, cwd, cell_timeout: float, deadline: float,
             json.dumps(_protected(cwd, source_dir))]
     proc = subprocess.Popen(argv, cwd=cwd, pass_fds=(wfd,), stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+                            start_new_session=True, env=dict(os.environ, SHMLAB_LANG=lang))
     os.close(wfd)
     with _suppress():  # a sandbox that died before its runner read the job: a row says so
         proc.stdin.write(json.dumps(job).encode())
@@ -270,8 +273,9 @@ def run_job(job: dict, cwd, cell_timeout: float, deadline: float,
     verdict = next((m["verdict"] for m in messages if "verdict" in m), None)
     if verdict is None and not reason:
         last = next((m["cell"] for m in reversed(messages) if "cell" in m), "start-up")
-        reason = (f"the process died (exit status {proc.returncode}) while running {last}, "
-                  "before the check finished: os._exit, a crash or a kill scores 0")
+        reason = tr("the process died (exit status {status}) while running {cell}, before "
+                    "the check finished: os._exit, a crash or a kill scores 0", lang=lang,
+                    status=proc.returncode, cell=last)
     passed = bool(verdict and verdict.get("passed")) and not reason
     error = reason or ("" if passed else verdict.get("reason", "failed"))
     text = output + (verdict or {}).get("traceback", "") + (f"\n-> {error}\n" if error else "")
@@ -356,9 +360,13 @@ def grade(path, source_dir=SOURCE, timeout: float = 120, notebook_timeout: float
         return Result(str(path), [], 0.0, problem)
     source_nb = nbformat.reads(sources[path.name].decode("utf-8"), as_version=4)
     deadline = start + notebook_timeout
-    exercises = [run_job(job, str(path.parent.resolve()), timeout, deadline, source_dir)
+    # A Chinese learner copy (labs/zh/) has the same cells and ids: the same jobs and marks,
+    # its messages in Chinese. An unknown language is graded in English.
+    lang = learner.metadata.get("language", "en")
+    lang = lang if lang in ("en", "zh") else "en"
+    exercises = [run_job(job, str(path.parent.resolve()), timeout, deadline, source_dir, lang)
                  for job in plan(source_nb, learner) if only is None or job["grade_id"] in only]
-    return Result(str(path), exercises, time.monotonic() - start)
+    return Result(str(path), exercises, time.monotonic() - start, language=lang)
 
 
 def grade_batch(paths, source_dir=SOURCE, timeout: float = 120,
@@ -383,6 +391,7 @@ def grade_batch(paths, source_dir=SOURCE, timeout: float = 120,
 
 
 def print_table(result: Result) -> None:
+    lang = language(result.language)
     print(f"{result.notebook}  ({result.seconds:.1f} s)")
     for e in result.exercises:
         mark = "✅" if e.score == e.points else "❌"
@@ -392,4 +401,5 @@ def print_table(result: Result) -> None:
         print(f"  ❌ {result.problem}")
     if result.isolation and result.isolation != sandbox.FULL:
         print(f"  ⚠️ sandbox {result.isolation}")
-    print(f"  total {result.score:g}/{result.max_score:g}")
+    print("  " + tr("total {score}/{max}", lang=lang, score=f"{result.score:g}",
+                    max=f"{result.max_score:g}"))

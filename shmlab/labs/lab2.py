@@ -8,6 +8,7 @@ import os
 import socket
 
 from .._shm import SHM_DIR
+from ..messages import tr
 from .report import Cases, fd_count, run_in_child
 
 
@@ -43,7 +44,7 @@ def _check_name_taken(create_unlinked_segment):
         calls.append(1)
         return taken if len(calls) == 1 else real(*args, **kwargs)
 
-    with Cases("Exercise 1: a name that is taken already (EEXIST)") as c:
+    with Cases(tr("Exercise 1: a name that is taken already (EEXIST)")) as c:
         before = fd_count()
         names["segment_name"] = segment_name
         try:
@@ -55,22 +56,25 @@ def _check_name_taken(create_unlinked_segment):
         try:
             st = os.fstat(other)
             intact = os.path.exists(path) and os.pread(other, 19, 0) == b"someone else's data"
-            c.check(intact and st.st_size == 19, "the segment that had the name is untouched "
-                    "(still there, same size, same bytes)", "create with O_CREAT | O_EXCL: "
-                    "without O_EXCL shm_open opens somebody else's segment, and your "
-                    "ftruncate then resizes it and your shm_unlink removes its name: nobody "
-                    "can attach to it any more")
+            c.check(intact and st.st_size == 19, tr(
+                "the segment that had the name is untouched (still there, same size, same "
+                "bytes)"), tr(
+                "create with O_CREAT | O_EXCL: without O_EXCL shm_open opens somebody else's "
+                "segment, and your ftruncate then resizes it and your shm_unlink removes its "
+                "name: nobody can attach to it any more"))
             if raised is not None:
-                c.check(raised.errno == errno.EEXIST, f"it raised FileExistsError (got "
-                        f"{type(raised).__name__}: {raised})", "let O_EXCL's error through")
+                c.check(raised.errno == errno.EEXIST, tr(
+                    "it raised FileExistsError (got {type}: {error})",
+                    type=type(raised).__name__, error=raised), tr("let O_EXCL's error through"))
             else:
                 mine = os.fstat(fd)
-                c.check((mine.st_ino, mine.st_dev) != (st.st_ino, st.st_dev), "it returned a "
-                        "segment of its own (under another name)", "never hand out an fd of "
-                        "a segment you did not create")
+                c.check((mine.st_ino, mine.st_dev) != (st.st_ino, st.st_dev), tr(
+                    "it returned a segment of its own (under another name)"), tr(
+                    "never hand out an fd of a segment you did not create"))
                 os.close(fd)
-            c.check(fd_count() == before, f"no fd is left open ({fd_count() - before} left)",
-                    "close what you opened on every path")
+            c.check(fd_count() == before, tr("no fd is left open ({n} left)",
+                                             n=fd_count() - before),
+                    tr("close what you opened on every path"))
         finally:
             os.close(other)
             with contextlib.suppress(FileNotFoundError):
@@ -85,7 +89,7 @@ def _check_resize_fails(create_unlinked_segment):
     def failing(fd, *args):
         raise OSError(errno.ENOSPC, "No space left on device (injected by the check)")
 
-    with Cases("Exercise 1: the resize fails (ENOSPC)") as c:
+    with Cases(tr("Exercise 1: the resize fails (ENOSPC)")) as c:
         before, files = fd_count(), _shm_names()
         for n in real:
             setattr(os, n, failing)
@@ -98,38 +102,43 @@ def _check_resize_fails(create_unlinked_segment):
                 setattr(os, n, fn)
         if fd is not None:  # sized some other way: the failure never reached it
             os.close(fd)
-            print("  (the segment was sized without os.ftruncate or os.posix_fallocate: "
-                  "this case does not apply)")
+            print("  " + tr("(the segment was sized without os.ftruncate or "
+                            "os.posix_fallocate: this case does not apply)"))
             return
-        c.check(raised.errno == errno.ENOSPC, f"the error reaches the caller ({raised})",
-                "let it through: the caller must know there is no segment")
-        c.check(fd_count() == before, f"no fd is left open ({fd_count() - before} left)",
-                "the fd shm_open gave you is yours to close when you cannot return it")
+        c.check(raised.errno == errno.ENOSPC, tr("the error reaches the caller ({error})",
+                                                 error=raised),
+                tr("let it through: the caller must know there is no segment"))
+        c.check(fd_count() == before, tr("no fd is left open ({n} left)",
+                                         n=fd_count() - before),
+                tr("the fd shm_open gave you is yours to close when you cannot return it"))
         left = sorted(_shm_names() - files)
-        c.check(not left, f"no name is left in /dev/shm ({left})", "unlink the name on "
-                "every path, the failing one too")
+        c.check(not left, tr("no name is left in /dev/shm ({left})", left=left),
+                tr("unlink the name on every path, the failing one too"))
 
 
 def _check_segment(create_unlinked_segment, size):
-    with Cases(f"Exercise 1: an unlinked shared-memory segment of {size} bytes") as c:
+    with Cases(tr("Exercise 1: an unlinked shared-memory segment of {size} bytes",
+                  size=size)) as c:
         fd = create_unlinked_segment(size)
         try:
             link = os.readlink(f"/proc/self/fd/{fd}")
-            c.check(link.startswith(SHM_DIR + "/"), f"the fd points into /dev/shm ({link})",
-                    "use _posixshmem.shm_open (or os.open on /dev/shm/<name>)")
-            c.check(link.endswith("(deleted)"), "the name is already unlinked",
-                    "call shm_unlink(name) right after creating: the fd is the only handle")
+            c.check(link.startswith(SHM_DIR + "/"), tr("the fd points into /dev/shm ({link})",
+                                                       link=link),
+                    tr("use _posixshmem.shm_open (or os.open on /dev/shm/<name>)"))
+            c.check(link.endswith("(deleted)"), tr("the name is already unlinked"),
+                    tr("call shm_unlink(name) right after creating: the fd is the only handle"))
             st = os.fstat(fd)
-            c.check(st.st_size == size, f"the segment is {size} bytes (got {st.st_size})",
-                    "size it with os.ftruncate (and os.posix_fallocate)")
-            c.check(st.st_mode & 0o777 == 0o600, "mode 0600: only you can open it",
-                    "the mode you create it with decides who else may open it")
+            c.check(st.st_size == size, tr("the segment is {size} bytes (got {got})",
+                                           size=size, got=st.st_size),
+                    tr("size it with os.ftruncate (and os.posix_fallocate)"))
+            c.check(st.st_mode & 0o777 == 0o600, tr("mode 0600: only you can open it"),
+                    tr("the mode you create it with decides who else may open it"))
         finally:
             os.close(fd)
 
 
 def check_fd_passing(send_fd, recv_fd, create_unlinked_segment):
-    with Cases("Exercise 2: pass an fd over a UNIX socket (SCM_RIGHTS)") as c:
+    with Cases(tr("Exercise 2: pass an fd over a UNIX socket (SCM_RIGHTS)")) as c:
         parent_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             ident, kept = run_in_child(_send_segment, child_sock, send_fd,
@@ -140,24 +149,24 @@ def check_fd_passing(send_fd, recv_fd, create_unlinked_segment):
         finally:
             parent_sock.close()
             child_sock.close()
-        c.check(kept == 0, f"sending leaves the sender no new fd ({kept} left open)",
-                "the fd you send stays the caller's; anything you dup or open to send it is "
-                "yours to close")
+        c.check(kept == 0, tr("sending leaves the sender no new fd ({n} left open)", n=kept),
+                tr("the fd you send stays the caller's; anything you dup or open to send it "
+                   "is yours to close"))
         if not isinstance(fd, int) or fd < 0:
-            c.check(False, f"recv_fd returns an fd number (got {fd!r})",
-                    "recv_fds returns (data, fds, flags, address): the fd is in the list")
+            c.check(False, tr("recv_fd returns an fd number (got {got})", got=repr(fd)),
+                    tr("recv_fds returns (data, fds, flags, address): the fd is in the list"))
             return
         try:
             st = os.fstat(fd)
             c.check((st.st_ino, st.st_dev) == ident,
-                    "the fd received names the child's segment (same inode and device)",
-                    "which call puts an fd into a message's ancillary data, and which takes "
-                    "it out? (the socket module has both)")
-            c.check(os.pread(fd, 5, 0) == b"hello", "the parent reads what the child wrote",
-                    "the received fd is a new number for the same object")
-            c.check(opened == 1, f"receiving opened exactly one fd (opened {opened})",
-                    "every fd recv_fd holds but does not return is a leak: return the one "
-                    "you received, close any other (a dup, a second maxfds slot)")
+                    tr("the fd received names the child's segment (same inode and device)"),
+                    tr("which call puts an fd into a message's ancillary data, and which "
+                       "takes it out? (the socket module has both)"))
+            c.check(os.pread(fd, 5, 0) == b"hello", tr("the parent reads what the child wrote"),
+                    tr("the received fd is a new number for the same object"))
+            c.check(opened == 1, tr("receiving opened exactly one fd (opened {n})", n=opened),
+                    tr("every fd recv_fd holds but does not return is a leak: return the one "
+                       "you received, close any other (a dup, a second maxfds slot)"))
         finally:
             os.close(fd)
 
@@ -174,7 +183,8 @@ def _send_segment(sock, send_fd, create_unlinked_segment):
 
 
 def check_rebuild_cache(rebuild_storage_fd, create_unlinked_segment):
-    with Cases("Exercise 3: rebuild_storage_fd with a cache keyed by (st_ino, st_dev)") as c:
+    with Cases(tr("Exercise 3: rebuild_storage_fd with a cache keyed by (st_ino, st_dev)")) \
+            as c:
         cache = {}
         seg = create_unlinked_segment(64)
         first_fd, second_fd = os.dup(seg), os.dup(seg)  # one segment, received twice
@@ -182,20 +192,22 @@ def check_rebuild_cache(rebuild_storage_fd, create_unlinked_segment):
         os.close(first_fd)  # the caller closes what it received; the storage keeps its own
         b = rebuild_storage_fd(second_fd, 64, cache)
         os.close(second_fd)
-        c.check(a is b, "the same segment received twice gives one storage",
-                "key the cache by os.fstat(fd): (st_ino, st_dev); the fd number differs "
-                "on every receipt")
+        c.check(a is b, tr("the same segment received twice gives one storage"),
+                tr("key the cache by os.fstat(fd): (st_ino, st_dev); the fd number differs "
+                   "on every receipt"))
         os.close(seg)
-        c.check(a.is_shared() and a.nbytes() == 64, "the storage is shared and 64 bytes long",
-                "build it with shmlab.UntypedStorage._new_shared_fd_cpu(fd, size)")
+        c.check(a.is_shared() and a.nbytes() == 64,
+                tr("the storage is shared and 64 bytes long"),
+                tr("build it with shmlab.UntypedStorage._new_shared_fd_cpu(fd, size)"))
         other = create_unlinked_segment(64)
         reuse = os.dup(other)
         d = rebuild_storage_fd(reuse, 64, cache)  # likely the fd number `first_fd` had
         os.close(reuse)
         os.close(other)
-        c.check(d is not a, "a different segment (even under a reused fd number) is a new "
-                "storage", "fd numbers are reused as soon as they are closed: they cannot "
-                "name a segment; (st_ino, st_dev) can")
+        c.check(d is not a, tr("a different segment (even under a reused fd number) is a "
+                               "new storage"),
+                tr("fd numbers are reused as soon as they are closed: they cannot name a "
+                   "segment; (st_ino, st_dev) can"))
         del a, b, d
         _check_same_inode_other_device(c, rebuild_storage_fd, create_unlinked_segment)
         _check_fd_per_storage(c, rebuild_storage_fd, create_unlinked_segment)
@@ -231,9 +243,9 @@ def _check_same_inode_other_device(c, rebuild_storage_fd, create_unlinked_segmen
         with _seen_as(two, st.st_ino, st.st_dev + 1):
             x = rebuild_storage_fd(one, 64, cache)
             y = rebuild_storage_fd(two, 64, cache)
-        c.check(x is not y, "the same inode number on another device is another segment",
-                "an inode number is unique only within one file system: the key is "
-                "(st_ino, st_dev)")
+        c.check(x is not y, tr("the same inode number on another device is another segment"),
+                tr("an inode number is unique only within one file system: the key is "
+                   "(st_ino, st_dev)"))
     finally:
         os.close(one)
         os.close(two)
@@ -248,13 +260,13 @@ def _check_fd_per_storage(c, rebuild_storage_fd, create_unlinked_segment):
     s = rebuild_storage_fd(seg, 8, {})
     os.close(seg)
     held = fd_count() - before
-    c.check(held == 1, f"a live storage holds one fd of its own ({held})",
-            "the storage keeps a dup of the fd it was built from; do not open more")
+    c.check(held == 1, tr("a live storage holds one fd of its own ({n})", n=held),
+            tr("the storage keeps a dup of the fd it was built from; do not open more"))
     del s
     gc.collect()
     left = fd_count() - before
-    c.check(left == 0, f"when the storage dies, its fd goes too ({left} left)",
-            "keep no fd of your own in the cache: the storage owns its fd")
+    c.check(left == 0, tr("when the storage dies, its fd goes too ({n} left)", n=left),
+            tr("keep no fd of your own in the cache: the storage owns its fd"))
 
 
 
@@ -262,7 +274,7 @@ def check_fd_ledger(receive_storage, send_fd, create_unlinked_segment, repeats=3
     """``repeats``: how often segment A is sent (the grader sends it more often)."""
     import gc
 
-    with Cases("Exercise 4: count the fds across a send and a release") as c:
+    with Cases(tr("Exercise 4: count the fds across a send and a release")) as c:
         parent_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sender = run_in_child(_send_ledger, child_sock, send_fd, create_unlinked_segment,
@@ -276,31 +288,35 @@ def check_fd_ledger(receive_storage, send_fd, create_unlinked_segment, repeats=3
         finally:
             parent_sock.close()
             child_sock.close()
-        print(f"  sender: {sender['created']} fds after creating A and B, {sender['sent']} "
-              f"after sending them, {sender['closed']} after closing them")
-        print(f"  receiver: {held[:repeats]} fds after each copy of A, {held[-1]} after B")
+        print("  " + tr("sender: {created} fds after creating A and B, {sent} after sending "
+                        "them, {closed} after closing them", **sender))
+        print("  " + tr("receiver: {each} fds after each copy of A, {last} after B",
+                        each=held[:repeats], last=held[-1]))
         one = all(s is got[0] for s in got[:repeats])
-        c.check(one, f"segment A received {repeats} times gives one storage",
-                "pass the cache you were given on to rebuild_storage_fd: it finds A there")
+        c.check(one, tr("segment A received {n} times gives one storage", n=repeats),
+                tr("pass the cache you were given on to rebuild_storage_fd: it finds A there"))
         c.check(_first_byte(got[0]) == b"A" and _first_byte(got[-1]) == b"B",
-                "the storages hold what the sender wrote (A, then B)",
-                "build the storage from the fd that arrived in the message")
-        c.check(held[0] == 1, f"after the first receipt the receiver holds 1 fd "
-                f"(held {held[0]})", "the storage keeps a dup of the fd it was built from: "
-                "the fd the message brought is yours to close once the storage is built")
-        c.check(held[repeats - 1] == 1, f"after {repeats} receipts of A it still holds 1 fd "
-                f"(held {held[repeats - 1]})", "every message brings a new fd, also for a "
-                "segment the cache already has: what becomes of that one?")
+                tr("the storages hold what the sender wrote (A, then B)"),
+                tr("build the storage from the fd that arrived in the message"))
+        c.check(held[0] == 1, tr("after the first receipt the receiver holds 1 fd (held {n})",
+                                 n=held[0]),
+                tr("the storage keeps a dup of the fd it was built from: the fd the message "
+                   "brought is yours to close once the storage is built"))
+        c.check(held[repeats - 1] == 1, tr(
+            "after {repeats} receipts of A it still holds 1 fd (held {n})", repeats=repeats,
+            n=held[repeats - 1]), tr(
+            "every message brings a new fd, also for a segment the cache already has: what "
+            "becomes of that one?"))
         c.check(held[-1] == 2 and got[-1] is not got[0],
-                f"segment B adds one storage and one fd (held {held[-1]})",
-                "a different segment is a different storage with a dup of its own")
+                tr("segment B adds one storage and one fd (held {n})", n=held[-1]),
+                tr("a different segment is a different storage with a dup of its own"))
         del got
         cache.clear()
         gc.collect()
         left = fd_count() - (base - 2)  # the two sockets counted in `base` are closed now
-        c.check(left == 0, f"once the storages and the cache are released, 0 fds are left "
-                f"(left {left})", "an fd that outlives every storage is a leak: keep none "
-                "of your own")
+        c.check(left == 0, tr("once the storages and the cache are released, 0 fds are left "
+                              "(left {n})", n=left),
+                tr("an fd that outlives every storage is a leak: keep none of your own"))
 
 
 def _first_byte(storage) -> bytes | None:

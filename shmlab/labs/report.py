@@ -18,6 +18,7 @@ import threading
 import traceback
 
 from .._shm import SHM_DIR
+from ..messages import tr
 
 
 class Cases:
@@ -45,13 +46,14 @@ class Cases:
             print(f"  ✅ {what}")
         else:
             self.failed.append(what)
-            print(f"  ❌ {what}" + (f"\n     hint: {hint}" if hint else ""))
+            print(f"  ❌ {what}" + ("\n     " + tr("hint: {hint}", hint=hint) if hint else ""))
         return bool(ok)
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         if exc_type is NotImplementedError:
-            self.check(False, "not implemented yet", "fill in the cell above (replace the "
-                       "`raise NotImplementedError()` line) and run it, then run this cell again")
+            self.check(False, tr("not implemented yet"), tr(
+                "fill in the cell above (replace the `raise NotImplementedError()` line) and "
+                "run it, then run this cell again"))
         elif exc_type is not None and not issubclass(exc_type, AssertionError):
             self._raised(exc_type, exc, tb)
         self._family.stop()
@@ -62,13 +64,13 @@ class Cases:
             except FileNotFoundError:
                 pass
         if leaked:
-            self.check(False, f"left {len(leaked)} file(s) in /dev/shm (removed now)",
-                       "every segment needs an owner that unlinks it on every path")
+            self.check(False, tr("left {n} file(s) in /dev/shm (removed now)", n=len(leaked)),
+                       tr("every segment needs an owner that unlinks it on every path"))
         total = self.passed + len(self.failed)
-        print(f"  {self.passed}/{total} cases passed")
+        print("  " + tr("{passed}/{total} cases passed", passed=self.passed, total=total))
         if self.failed:
-            err = AssertionError(f"{self.title}: {len(self.failed)} case(s) failed: "
-                                 + "; ".join(self.failed))
+            err = AssertionError(tr("{title}: {n} case(s) failed: ", title=self.title,
+                                    n=len(self.failed)) + "; ".join(self.failed))
             err.shmlab_check = True  # said above: shown without a traceback (Note above)
             raise err from None  # the learner's exception was reported as a case already
         return exc_type is None
@@ -85,15 +87,17 @@ class Cases:
             at = frames[mine[-1]]
             deeper = "" if mine[-1] == len(frames) - 1 else (
                 f", inside {os.path.basename(frames[-1].filename)}")
-            self.check(False, f"your code raised {last}",
+            self.check(False, tr("your code raised {error}", error=last),
                        f"{_cell_name(at.filename)}, line {at.lineno}, in {at.name}{deeper}:\n"
                        f"       {(at.line or '').strip()}")
         else:
             where = frames[-1] if frames else None
             at = f" at {os.path.basename(where.filename)}:{where.lineno}" if where else ""
-            self.check(False, f"the check raised {last}{at}, after your code returned",
-                       "usually your function returned something the check could not use "
-                       "(an fd already closed, a name that is gone): look at what it returns")
+            self.check(False, tr("the check raised {error}{at}, after your code returned",
+                                 error=last, at=at),
+                       tr("usually your function returned something the check could not use "
+                          "(an fd already closed, a name that is gone): look at what it "
+                          "returns"))
 
 
 def _cell_name(filename: str) -> str:
@@ -124,9 +128,10 @@ def _hint_handler(shell, etype, value, tb, tb_offset=None):
             last = last.tb_next          # name was missing there and not deeper in a call
         cell = "".join(linecache.getlines(last.tb_frame.f_code.co_filename))
         if _CHECK_CALL.search(cell):
-            short = (f"{etype.__name__}: {value}\n❌ this check needs `{value.name}`, which "
-                     f"no cell has defined yet: run the answer cell above that defines "
-                     f"`{value.name}` (or Run All Above), then run this check again")
+            short = f"{etype.__name__}: {value}\n❌ " + tr(
+                "this check needs `{name}`, which no cell has defined yet: run the answer "
+                "cell above that defines `{name}` (or Run All Above), then run this check "
+                "again", name=value.name)
     if short is None:
         shell.showtraceback((etype, value, tb), tb_offset=tb_offset)
     else:

@@ -35,6 +35,7 @@ import sys
 import traceback
 import types
 
+from ..messages import tr
 from . import integrity
 
 # Imported before any cell; the set-up cells import the rest (the lab's module, torch for lab 5),
@@ -217,11 +218,14 @@ def run(job: dict, out) -> dict:
                 print(f"note: {cell['label']} raised {type(exc).__name__}: {exc}"[:300])
                 continue
             if cell["role"] == "answer" and isinstance(exc, NotImplementedError):
-                return {"passed": False, "traceback": "", "reason": "not implemented yet: "
-                        f"replace the `raise NotImplementedError()` in {cell['label']}"}
+                return {"passed": False, "traceback": "", "reason": tr(
+                    "not implemented yet: replace the `raise NotImplementedError()` in {label}",
+                    label=cell["label"])}
             if cell["role"] == "answer":
-                return {"passed": False, "reason": f"your cell {cell['label']} raised "
-                        f"{type(exc).__name__}: {exc}"[:300], "traceback": _learner_traceback(exc)}
+                return {"passed": False, "reason": tr(
+                    "your cell {label} raised {error}", label=cell["label"],
+                    error=f"{type(exc).__name__}: {exc}")[:300],
+                    "traceback": _learner_traceback(exc)}
             return {"passed": False, "reason": f"the grader's {cell['role']} cell "
                     f"{cell['label']} raised {type(exc).__name__}: {exc} (a grader bug: "
                     "tell the instructor)"[:300], "traceback": traceback.format_exc()}

@@ -139,7 +139,7 @@ PARTS = {
     "observing": ("shmlab.introspect", "shmlab.widgets", "shmlab.trace"),
     "driving": ("shmlab.harness", "shmlab.lessons", "shmlab.examples", "shmlab.testing",
                 "shmlab.tools", "shmlab.__main__"),
-    "teaching": ("shmlab.labs", "shmlab.drill", "shmlab.facts"),
+    "teaching": ("shmlab.labs", "shmlab.drill", "shmlab.facts", "shmlab.i18n", "shmlab.messages"),
 }
 MAY_IMPORT = {
     "core": {"core"},

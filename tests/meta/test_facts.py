@@ -98,8 +98,8 @@ def test_every_fact_of_the_cheat_sheets_cites_known_claims():
     assert not problems, "\n".join(problems)
 
 
-def test_every_fact_of_the_mock_interview_cites_known_claims():
-    name = "docs/mock_interview.md"
+@pytest.mark.parametrize("name", ["docs/mock_interview.md", "docs/mock_interview.zh.md"])
+def test_every_fact_of_the_mock_interview_cites_known_claims(name):
     problems = citations.uncited_blocks((REPO / name).read_text(encoding="utf-8"), KNOWN, name)
     assert not problems, "\n".join(problems)
 

@@ -261,3 +261,43 @@ def switch_tab_and_back(page) -> None:
     page.wait_for_function("(id) => window.jupyterapp.shell.currentWidget.id === id",
                            arg=nb_id, timeout=20_000)
     time.sleep(1.0)  # widget views re-render on attach
+
+
+# --- the Chinese edition: Han characters drawn as glyphs, not tofu ---------------------------
+# Characters of the notebook's own text, and one no font has (plane 16's last private-use
+# code point): where a font lacks a glyph the browser draws its .notdef box, the same for all.
+HAN = ["共", "享", "内", "存", "检", "查"]
+# Draw each character alone in the font a rendered markdown cell uses; report its ink (pixels
+# drawn) and a hash of the pixels. Tofu: every character the same box (or the .notdef's).
+GLYPHS = r"""([chars, selector]) => {
+  const el = document.querySelector(selector);
+  const font = getComputedStyle(el).fontFamily;
+  const canvas = document.createElement('canvas');
+  canvas.width = canvas.height = 48;
+  const ctx = canvas.getContext('2d', {willReadFrequently: true});
+  const draw = (ch) => {
+    ctx.clearRect(0, 0, 48, 48);
+    ctx.fillStyle = '#000';
+    ctx.font = `36px ${font}`;
+    ctx.textBaseline = 'top';
+    ctx.fillText(ch, 4, 4);
+    const d = ctx.getImageData(0, 0, 48, 48).data;
+    let ink = 0, hash = 0;
+    for (let i = 3; i < d.length; i += 4) {
+      if (d[i] > 0) ink++;
+      hash = (Math.imul(hash, 31) + d[i]) >>> 0;
+    }
+    return {ch, ink, hash};
+  };
+  return {font, glyphs: chars.map(draw), notdef: draw(String.fromCodePoint(0x10FFFD))};
+}"""
+
+
+def assert_not_tofu(page, selector: str, what: str) -> None:
+    """The Han characters of ``HAN`` draw as distinct glyphs with ink, none the .notdef box."""
+    got = page.evaluate(GLYPHS, [HAN, selector])
+    hashes = [g["hash"] for g in got["glyphs"]]
+    assert all(g["ink"] > 40 for g in got["glyphs"]), f"{what}: blank glyphs: {got}"
+    assert len(set(hashes)) == len(HAN), f"{what}: the same glyph for different characters " \
+                                         f"(tofu: no CJK font?): {got}"
+    assert got["notdef"]["hash"] not in hashes, f"{what}: drawn as .notdef boxes: {got}"
