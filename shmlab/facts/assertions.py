@@ -37,12 +37,9 @@ TESTS = REPO / "tests"
 TAG = "hidden-test"
 # Notebooks tests/notebooks/test_claims.py also runs with SHMLAB_START_METHOD=spawn; every
 # notebook runs under the default (fork on Linux before Python 3.14) in tests/notebooks.
-# 15_dataloader_workers is not in the list: run with SHMLAB_START_METHOD=spawn it failed 1 run in
-# 4 on a loaded machine (a process aborted with "terminate called without an active exception"
-# and left a tmp* entry in TMPDIR; not explained yet). Its spawn claims start spawn workers
-# themselves (multiprocessing_context="spawn"), so its fork run covers them.
 SPAWN_NOTEBOOKS = ("01_what_is_torch_multiprocessing.ipynb", "02_sharing_strategy_api.ipynb",
-                   "14_trace_a_tensor.ipynb", "16_sharing_without_a_queue.ipynb",
+                   "14_trace_a_tensor.ipynb", "15_dataloader_workers.ipynb",
+                   "16_sharing_without_a_queue.ipynb",
                    "17_autograd_across_processes.ipynb",
                    "18_cuda_ipc_in_depth.ipynb")
 ALL_PYTHONS_DIR = "tests/pythons"
