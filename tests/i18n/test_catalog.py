@@ -13,7 +13,7 @@ from shmlab.i18n import build, catalog, cells, checks
 # translation, and nothing else is. A test fails when one of them gets a translation (take it
 # off the list) or when a notebook not on it misses one.
 UNTRANSLATED = {
-    "labs/lab1_reducers", "labs/lab3_file_system_refcount", "labs/lab4_shm_manager",
+    "labs/lab1_reducers", "labs/lab3_file_system_refcount",
     "labs/lab5_hogwild",
     "notebooks/03_sharing_cuda_tensors", "notebooks/04_file_descriptor_strategy",
     "notebooks/05_file_system_strategy_and_shm_manager", "notebooks/06_hogwild_training",
