@@ -17,7 +17,7 @@ UNTRANSLATED = {
     "labs/lab5_hogwild",
     "notebooks/01_what_is_torch_multiprocessing", "notebooks/02_sharing_strategy_api",
     "notebooks/03_sharing_cuda_tensors", "notebooks/04_file_descriptor_strategy",
-    "notebooks/05_file_system_strategy_and_shm_manager", "notebooks/06_hogwild_training",
+    "notebooks/05_file_system_strategy_and_shm_manager",
     "notebooks/07_beyond_one_machine", "notebooks/08_when_the_parent_dies",
     "notebooks/09_live_dashboard", "notebooks/10_interview_drill", "notebooks/11_famous_errors",
     "notebooks/12_crashes_trackers_and_fds", "notebooks/13_inside_share_memory",
