@@ -14,7 +14,6 @@ from shmlab.i18n import build, catalog, cells, checks
 # off the list) or when a notebook not on it misses one.
 UNTRANSLATED = {
     "labs/lab1_reducers", "labs/lab3_file_system_refcount", "labs/lab4_shm_manager",
-    "labs/lab5_hogwild",
     "notebooks/01_what_is_torch_multiprocessing", "notebooks/02_sharing_strategy_api",
     "notebooks/03_sharing_cuda_tensors", "notebooks/04_file_descriptor_strategy",
     "notebooks/05_file_system_strategy_and_shm_manager",
