@@ -15,7 +15,7 @@ from shmlab.i18n import build, catalog, cells, checks
 UNTRANSLATED = {
     "labs/lab1_reducers", "labs/lab3_file_system_refcount", "labs/lab4_shm_manager",
     "notebooks/01_what_is_torch_multiprocessing", "notebooks/02_sharing_strategy_api",
-    "notebooks/03_sharing_cuda_tensors", "notebooks/04_file_descriptor_strategy",
+    "notebooks/04_file_descriptor_strategy",
     "notebooks/05_file_system_strategy_and_shm_manager",
     "notebooks/07_beyond_one_machine", "notebooks/08_when_the_parent_dies",
     "notebooks/09_live_dashboard", "notebooks/10_interview_drill", "notebooks/11_famous_errors",
