@@ -19,7 +19,7 @@ UNTRANSLATED = {
     "notebooks/03_sharing_cuda_tensors", "notebooks/06_hogwild_training",
     "notebooks/07_beyond_one_machine", "notebooks/08_when_the_parent_dies",
     "notebooks/09_live_dashboard", "notebooks/10_interview_drill",
-    "notebooks/14_trace_a_tensor", "notebooks/15_dataloader_workers",
+    "notebooks/15_dataloader_workers",
     "notebooks/16_sharing_without_a_queue", "notebooks/17_autograd_across_processes",
     "notebooks/18_cuda_ipc_in_depth",
 }
