@@ -16,9 +16,8 @@ from shmlab.i18n import build, catalog, cells, checks
 # off the list) or when a notebook not on it misses one.
 UNTRANSLATED = {
     "notebooks/07_beyond_one_machine", "notebooks/08_when_the_parent_dies",
-    "notebooks/09_live_dashboard", "notebooks/10_interview_drill", "notebooks/11_famous_errors",
-    "notebooks/12_crashes_trackers_and_fds", "notebooks/13_inside_share_memory",
-    "notebooks/14_trace_a_tensor", "notebooks/15_dataloader_workers",
+    "notebooks/09_live_dashboard", "notebooks/10_interview_drill",
+    "notebooks/15_dataloader_workers",
     "notebooks/16_sharing_without_a_queue", "notebooks/17_autograd_across_processes",
     "notebooks/18_cuda_ipc_in_depth",
 }
