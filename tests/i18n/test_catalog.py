@@ -17,7 +17,7 @@ from shmlab.i18n import build, catalog, cells, checks
 UNTRANSLATED = {
     "labs/lab5_hogwild",
     "notebooks/03_sharing_cuda_tensors", "notebooks/06_hogwild_training",
-    "notebooks/10_interview_drill", "notebooks/11_famous_errors",
+    "notebooks/11_famous_errors",
     "notebooks/12_crashes_trackers_and_fds", "notebooks/13_inside_share_memory",
     "notebooks/14_trace_a_tensor", "notebooks/15_dataloader_workers",
     "notebooks/16_sharing_without_a_queue", "notebooks/17_autograd_across_processes",
