@@ -10,7 +10,7 @@ import os
 import random
 import time
 
-from ..messages import tr
+from ..messages import language, tr
 from .report import Cases, answer, start_child
 
 
@@ -342,7 +342,7 @@ class _Watch:
             fed = tr("{here} and {away}", here=here, away=away) if here and away else (
                 here or away or tr("not trained"))
             said.append(tr("model {i}: {fed}", i=i, fed=fed))
-        return "; ".join(said) or tr("no model made")
+        return ("; " if language() == "en" else "；").join(said) or tr("no model made")
 
     def measured_by(self, value, trainers, accuracy, data):
         """The one of ``trainers`` whose accuracy ``value`` is: what accuracy() returned for its
