@@ -36,6 +36,7 @@ from shmlab import introspect
 from shmlab.harness.libs import LIBS, load
 from shmlab.harness.show import markdown_table, show_table, show_widget
 from shmlab.harness.watch import alive
+from shmlab.messages import tr
 
 __all__ = ["LIBS", "Session", "load", "markdown_table", "our_files",
            "show_table", "show_widget", "side_by_side", "training_kernel", "versions"]
@@ -303,14 +304,15 @@ class Session:
         """Print what close() left (nothing, normally) and the strategies now in force."""
         left = self.leftovers() if left is None else left
         now = ", ".join(f"{lib} {mp.get_sharing_strategy()}" for lib, mp in self.mp.items())
-        print(f"strategies restored: {now}")
-        print("left in /dev/shm:", left["files"] or "nothing",
-              "| managers left:", left["managers"] or "none",
-              "| child processes left:", left["children"] or "none")
+        print(tr("strategies restored: {now}", now=now))
+        print(tr("left in /dev/shm: {files} | managers left: {managers} | child processes "
+                 "left: {children}", files=left["files"] or tr("nothing"),
+                 managers=left["managers"] or tr("none"),
+                 children=left["children"] or tr("none")))
         if self.removed_dirs:
-            print(f"removed {len(self.removed_dirs)} socket directories of killed processes "
-                  "(a SIGKILLed manager or child cannot remove its own):",
-                  ", ".join(os.path.basename(d) for d in self.removed_dirs))
+            print(tr("removed {n} socket directories of killed processes (a SIGKILLed manager "
+                     "or child cannot remove its own): {dirs}", n=len(self.removed_dirs),
+                     dirs=", ".join(os.path.basename(d) for d in self.removed_dirs)))
 
 
 # torch's and shmlab's managers', and multiprocessing's (util.get_temp_dir()), in TMPDIR

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import importlib
 
+from shmlab.messages import tr
+
 
 def _in_ipython() -> bool:
     try:
@@ -71,8 +73,8 @@ def reveal(answer: str, *evidence, sep: str = " ") -> None:
 
     shown = sep.join(str(e) for e in evidence)
     body = f"<p>{html.escape(answer)}</p>" + (f"<pre>{html.escape(shown)}</pre>" if shown else "")
-    _display(_html(f"<details><summary>Show the answer</summary>{body}</details>"),
-             text=f"[answer hidden] {answer}\n{shown}".rstrip())
+    _display(_html(f"<details><summary>{tr('Show the answer')}</summary>{body}</details>"),
+             text=f"{tr('[answer hidden]')} {answer}\n{shown}".rstrip())
 
 
 def _html(markup: str):

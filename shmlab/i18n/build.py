@@ -30,6 +30,7 @@ from . import catalog
 # [text](target) and ![alt](target), and <img src="target">: the targets to rewrite.
 _LINK = re.compile(r"(!?\[[^\]]*\]\()([^)\s]+)(\))|(<img\s[^>]*src=\")([^\"]+)(\")")
 _ABSOLUTE = re.compile(r"^([a-z][a-z0-9+.-]*:|#|/)", re.I)
+_CODE = re.compile(r"```.*?```|`[^`\n]*`", re.S)  # fenced blocks and inline code spans
 
 
 def language(locale: str) -> str:
@@ -66,16 +67,20 @@ def _retarget(target: str, english_dir: Path, out_dir: Path, root: Path, built: 
 def retarget_links(markdown: str, english_dir: Path, out_dir: Path, root: Path,
                    built: set[str], lang: str) -> str:
     """``markdown`` with its relative links and images pointing where they should from
-    ``out_dir`` (Note [What a built notebook is]); code spans and blocks are left alone."""
+    ``out_dir`` (Note [What a built notebook is]); a link inside a code span or block is left
+    alone, a link whose text is a code span (``[`docs/CLAIMS.md`](../docs/CLAIMS.md)``) is not."""
+    code = [m.span() for m in _CODE.finditer(markdown)]
+
     def fix(m):
+        if any(start <= m.start() < end for start, end in code):
+            return m.group(0)  # shown as code: the reader sees the text, it is no link
         if m.group(1):
             return m.group(1) + _retarget(m.group(2), english_dir, out_dir, root, built,
                                           lang) + m.group(3)
         return m.group(4) + _retarget(m.group(5), english_dir, out_dir, root, built,
                                       lang) + m.group(6)
 
-    parts = re.split(r"(```.*?```|`[^`\n]*`)", markdown, flags=re.S)
-    return "".join(p if p.startswith("`") else _LINK.sub(fix, p) for p in parts)
+    return _LINK.sub(fix, markdown)
 
 
 def build_notebook(src: catalog.Source, locale: str = catalog.LOCALE, built=None):

@@ -10,6 +10,7 @@ import numpy as np
 
 import shmlab
 
+from ..messages import tr
 from .report import Cases, run_in_child
 
 
@@ -28,38 +29,41 @@ def check_point_reducer(point_cls, reduce_point, rebuild_point, points=((3, -4.5
 
 
 def _check_point(point_cls, reduce_point, rebuild_point, x, y):
-    with Cases(f"Exercise 1: a reducer/rebuilder pair for Point({x}, {y})") as c:
+    with Cases(tr("Exercise 1: a reducer/rebuilder pair for Point({x}, {y})", x=x, y=y)) as c:
         p = point_cls(x, y)
         reduced = reduce_point(p)
         c.check(isinstance(reduced, tuple) and len(reduced) == 2 and callable(reduced[0])
                 and isinstance(reduced[1], tuple),
-                "reduce_point returns (callable, args-tuple)",
-                "a reducer returns (rebuild_function, (arguments, ...)), like __reduce__")
+                tr("reduce_point returns (callable, args-tuple)"),
+                tr("a reducer returns (rebuild_function, (arguments, ...)), like __reduce__"))
         c.check(ForkingPickler._extra_reducers.get(point_cls) is reduce_point,
-                "reduce_point is registered with ForkingPickler",
-                "a reducer is used only once ForkingPickler knows it is the one for Point")
+                tr("reduce_point is registered with ForkingPickler"),
+                tr("a reducer is used only once ForkingPickler knows it is the one for Point"))
         data = bytes(ForkingPickler.dumps(p))
-        c.check(b"rebuild_point" in data, "the pickle names rebuild_point: your reducer is "
-                "the one used", "a reducer that is not registered is never called")
+        c.check(b"rebuild_point" in data, tr("the pickle names rebuild_point: your reducer is "
+                                             "the one used"),
+                tr("a reducer that is not registered is never called"))
         back = ForkingPickler.loads(data)
         c.check(type(back) is point_cls and (back.x, back.y) == (x, y),
-                "a Point survives ForkingPickler.dumps/loads",
-                "rebuild_point(*args) must return a Point with the same x and y")
+                tr("a Point survives ForkingPickler.dumps/loads"),
+                tr("rebuild_point(*args) must return a Point with the same x and y"))
         got = run_in_child(_roundtrip_in_child, data)
-        c.check(got == (x, y), "a child process rebuilds the same Point from the bytes",
-                "only the rebuild function and its arguments travel")
+        c.check(got == (x, y), tr("a child process rebuilds the same Point from the bytes"),
+                tr("only the rebuild function and its arguments travel"))
 
 
 def _check_two_points(point_cls, a, b):
     """Two Points pickled one after the other, then loaded in the other order: each pickle
     carries its own Point (a rebuild that returns the last one reduced fails here)."""
-    with Cases("Exercise 1: each pickle rebuilds its own Point") as c:
+    with Cases(tr("Exercise 1: each pickle rebuilds its own Point")) as c:
         first = bytes(ForkingPickler.dumps(point_cls(*a)))
         second = bytes(ForkingPickler.dumps(point_cls(*b)))
         got = run_in_child(_load_both, first, second)
-        c.check(got == [tuple(b), tuple(a)], f"loaded in the other order, {b} and {a} come "
-                f"back as themselves (got {got})", "everything the receiver needs must be "
-                "in the pickle: the rebuild function's arguments, not state kept elsewhere")
+        c.check(got == [tuple(b), tuple(a)], tr("loaded in the other order, {b} and {a} come "
+                                                "back as themselves (got {got})", b=b, a=a,
+                                                got=got),
+                tr("everything the receiver needs must be in the pickle: the rebuild "
+                   "function's arguments, not state kept elsewhere"))
 
 
 def _load_both(first: bytes, second: bytes):
@@ -78,39 +82,43 @@ class _LearnerPickler(ForkingPickler):
 def check_tensor_reducer(my_reduce_tensor, my_rebuild_tensor):
     _LearnerPickler._extra_reducers = {**ForkingPickler._extra_reducers,
                                        shmlab.Tensor: my_reduce_tensor}
-    with Cases("Exercise 2: a tensor travels as (storage, offset, shape, strides)") as c:
+    with Cases(tr("Exercise 2: a tensor travels as (storage, offset, shape, strides)")) as c:
         base = shmlab.from_numpy(np.arange(12, dtype=np.float32).reshape(3, 4))
         column = base[:, 2]
         reduced = my_reduce_tensor(column)
         c.check(callable(reduced[0]) and any(a is base.untyped_storage() for a in reduced[1]),
-                "the reduced arguments carry the tensor's storage itself",
-                "pass t.untyped_storage(): its own reducer shares it (don't send t.numpy())")
+                tr("the reduced arguments carry the tensor's storage itself"),
+                tr("pass t.untyped_storage(): its own reducer shares it (don't send "
+                   "t.numpy())"))
         data = bytes(_LearnerPickler.dumps(column))
-        c.check(len(data) < 1000, f"the pickle is small ({len(data)} bytes)",
-                "only metadata and a handle should travel, never the data")
+        c.check(len(data) < 1000, tr("the pickle is small ({n} bytes)", n=len(data)),
+                tr("only metadata and a handle should travel, never the data"))
         seen = run_in_child(_rebuild_and_write, data)
         c.check(seen["meta"] == (2, (3,), (4,)),
-                f"the child gets offset 2, shape (3,), strides (4,): got {seen['meta']}",
-                "the receiver needs all that places a view in its storage: where it starts, "
-                "its shape, and its step along each dimension")
-        c.check(seen["values"] == [2.0, 6.0, 10.0], "the child reads the column's values")
-        c.check(base.numpy()[0, 2] == 100.0, "the child's write is seen by the parent",
-                "the rebuilt tensor must be a view of the received storage, not a copy")
+                tr("the child gets offset 2, shape (3,), strides (4,): got {got}",
+                   got=seen["meta"]),
+                tr("the receiver needs all that places a view in its storage: where it "
+                   "starts, its shape, and its step along each dimension"))
+        c.check(seen["values"] == [2.0, 6.0, 10.0], tr("the child reads the column's values"))
+        c.check(base.numpy()[0, 2] == 100.0, tr("the child's write is seen by the parent"),
+                tr("the rebuilt tensor must be a view of the received storage, not a copy"))
         rows = shmlab.zeros(2, 3)[1:]
         fn, args = my_reduce_tensor(rows)
         offset = fn(*args).storage_offset()
-        c.check(offset == 3, f"a row slice keeps its offset (3, got {offset})",
-                "a view may start anywhere in its storage: does the receiver know where?")
+        c.check(offset == 3, tr("a row slice keeps its offset (3, got {got})", got=offset),
+                tr("a view may start anywhere in its storage: does the receiver know where?"))
         for view in _random_views():
             want = (view.storage_offset(), tuple(view.shape), tuple(view.stride()),
                     str(view.dtype), view.numpy().tolist())
             got = run_in_child(_rebuild_and_read, bytes(_LearnerPickler.dumps(view)))
-            c.check(got == want, f"a {str(view.dtype)} view, offset {want[0]}, shape "
-                    f"{want[1]}, strides {want[2]}, arrives as itself"
-                    + ("" if got == want else f" (got offset {got[0]}, shape {got[1]}, "
-                       f"strides {got[2]}, {got[3]})"),
-                    "send every dimension's size and stride, and the dtype: a view can have "
-                    "any number of dimensions, any steps and any element type")
+            c.check(got == want, tr("a {dtype} view, offset {offset}, shape {shape}, strides "
+                                    "{strides}, arrives as itself", dtype=str(view.dtype),
+                                    offset=want[0], shape=want[1], strides=want[2])
+                    + ("" if got == want else " " + tr(
+                        "(got offset {offset}, shape {shape}, strides {strides}, {dtype})",
+                        offset=got[0], shape=got[1], strides=got[2], dtype=got[3])),
+                    tr("send every dimension's size and stride, and the dtype: a view can have "
+                       "any number of dimensions, any steps and any element type"))
 
 
 def _random_views():
@@ -145,18 +153,22 @@ def _rebuild_and_write(data: bytes):
 
 def check_pickle_size(pickle_size):
     sizes = (10, 1_000_000, random.randint(2, 3_000_000))
-    with Cases("Exercise 3: the pickle stays the same size, whatever the tensor's size") as c:
+    with Cases(tr("Exercise 3: the pickle stays the same size, whatever the tensor's size")) \
+            as c:
         for n in sizes:
             with _watching_pickles() as seen:
                 got = pickle_size(n)
             measured = [size for numel, size in seen if numel == n]
-            c.check(got in measured, f"pickle_size({n:,}) = {got}: the length of a "
-                    f"ForkingPickler pickle of a {n:,}-element tensor (measured: {measured})",
-                    "build a tensor of n elements inside pickle_size, dump it, return "
-                    "len() of the bytes: a number you did not measure proves nothing")
-            c.check(got is not None and got < 1000, f"{n:,} floats pickle to {got} bytes "
-                    "(< 1,000)", "use ForkingPickler.dumps, not pickle.dumps: only it has "
-                    "the sharing reducers")
+            c.check(got in measured, tr("pickle_size({n}) = {got}: the length of a "
+                                        "ForkingPickler pickle of a {n}-element tensor "
+                                        "(measured: {measured})", n=f"{n:,}", got=got,
+                                        measured=measured),
+                    tr("build a tensor of n elements inside pickle_size, dump it, return "
+                       "len() of the bytes: a number you did not measure proves nothing"))
+            c.check(got is not None and got < 1000, tr("{n} floats pickle to {got} bytes "
+                                                       "(< 1,000)", n=f"{n:,}", got=got),
+                    tr("use ForkingPickler.dumps, not pickle.dumps: only it has the sharing "
+                       "reducers"))
 
 
 class _Counting:

@@ -12,6 +12,7 @@ import struct
 from .. import _shm
 from .._shm import SHM_DIR
 from .._shm.headerlock import MAGIC
+from ..messages import N_, tr
 from .report import Cases, fd_count, run_in_child
 
 _COUNT = struct.Struct("<i")  # the header's int32 at offset 0, as the lab's set-up reads it
@@ -33,8 +34,9 @@ def _header_left_alone(c: Cases, name: str) -> bool:
     """Bytes [4:64) are shmlab's own mark and lock: a learner's 8-byte write breaks them."""
     with open(f"{SHM_DIR}{name}", "rb") as f:
         intact = f.read(8)[4:8] == MAGIC
-    return c.check(intact, "your code left header bytes [4:64) alone (shmlab's mark and lock)",
-                   "read and write only the int32 at [0:4): struct.Struct('<i'), 4 bytes")
+    return c.check(intact, tr("your code left header bytes [4:64) alone (shmlab's mark and "
+                              "lock)"),
+                   tr("read and write only the int32 at [0:4): struct.Struct('<i'), 4 bytes"))
 
 
 @contextlib.contextmanager
@@ -47,26 +49,28 @@ def _removed(name: str):
 
 def check_attach_close(attach, close):
     name = _shm.new_name()
-    with Cases("Exercise 1: attach and close on the refcount header") as c, _removed(name):
+    with Cases(tr("Exercise 1: attach and close on the refcount header")) as c, \
+            _removed(name):
         creator = _shm.create_refcounted(name, 16)  # count 1, as the creator holds it
         creator_buf = creator.buffer(_shm.HEADER_SIZE)
         creator_buf[0] = 42
         fds_before = fd_count()
         m = attach(name, 16)
-        c.check(_count(name) == 2, f"attach: 1 -> 2 (got {_count(name)})",
-                "read the int32 at offset 0, add 1, write it back")
+        c.check(_count(name) == 2, tr("attach: 1 -> 2 (got {got})", got=_count(name)),
+                tr("read the int32 at offset 0, add 1, write it back"))
         c.check(bytes(memoryview(m)[_shm.HEADER_SIZE:_shm.HEADER_SIZE + 1]) == b"\x2a",
-                "the attached mapping sees the creator's byte at offset 64",
-                "map HEADER_SIZE + size bytes; the data starts after the 64-byte header")
+                tr("the attached mapping sees the creator's byte at offset 64"),
+                tr("map HEADER_SIZE + size bytes; the data starts after the 64-byte header"))
         close(name, m)
-        c.check(_count(name) == 1, f"close: 2 -> 1 (got {_count(name)})",
-                "subtract 1 from the count")
+        c.check(_count(name) == 1, tr("close: 2 -> 1 (got {got})", got=_count(name)),
+                tr("subtract 1 from the count"))
         left = fd_count() - fds_before
-        c.check(left == 0, f"after attach and close, no fd is left open ({left} left)",
-                "the mapping keeps its own reference to the segment: the fd you opened to "
-                "map it is yours to close, in attach and in close, on every path")
-        c.check(os.path.exists(f"{SHM_DIR}{name}"), "the file stays while the creator holds it",
-                "unlink only when the count reaches 0")
+        c.check(left == 0, tr("after attach and close, no fd is left open ({n} left)", n=left),
+                tr("the mapping keeps its own reference to the segment: the fd you opened to "
+                   "map it is yours to close, in attach and in close, on every path"))
+        c.check(os.path.exists(f"{SHM_DIR}{name}"),
+                tr("the file stays while the creator holds it"),
+                tr("unlink only when the count reaches 0"))
         m2 = attach(name, 16)
         if not _header_left_alone(c, name):
             return
@@ -74,8 +78,8 @@ def check_attach_close(attach, close):
         close(name, m2)
         unlinked = not os.path.exists(f"{SHM_DIR}{name}")
         _remove(name)
-        c.check(unlinked, "the last closer unlinks the name",
-                "when your decrement brings the count to 0, shm_unlink(name)")
+        c.check(unlinked, tr("the last closer unlinks the name"),
+                tr("when your decrement brings the count to 0, shm_unlink(name)"))
         del m, m2
     _check_attach_errors(attach)
 
@@ -83,24 +87,28 @@ def check_attach_close(attach, close):
 def _check_attach_errors(attach):
     """attach on the paths that fail: a map that cannot be made, a name that is gone."""
     name = _shm.new_name()
-    with Cases("Exercise 1: attach when it fails") as c, _removed(name):
+    with Cases(tr("Exercise 1: attach when it fails")) as c, _removed(name):
         _shm.create_refcounted(name, 16)
         fds_before = fd_count()
         got = _raised(attach, name, 1 << 20)  # more than the file holds: mmap refuses
-        c.check(got is not None, f"mapping more than the segment holds raises ({got})",
-                "let mmap's error through")
-        c.check(_count(name) == 1, f"... and leaves the count at 1 (got {_count(name)})",
-                "map first, count yourself in after: a failed attach holds no reference, so "
-                "a count raised before a map that fails is never given back")
-        c.check(fd_count() == fds_before, f"... and no fd open ({fd_count() - fds_before} "
-                "left)", "close the fd on the raising path too (try/finally)")
+        c.check(got is not None, tr("mapping more than the segment holds raises ({error})",
+                                    error=got),
+                tr("let mmap's error through"))
+        c.check(_count(name) == 1, tr("... and leaves the count at 1 (got {got})",
+                                      got=_count(name)),
+                tr("map first, count yourself in after: a failed attach holds no reference, "
+                   "so a count raised before a map that fails is never given back"))
+        c.check(fd_count() == fds_before, tr("... and no fd open ({n} left)",
+                                             n=fd_count() - fds_before),
+                tr("close the fd on the raising path too (try/finally)"))
         _remove(name)
         fds_before = fd_count()
         got = _raised(attach, name, 16)
-        c.check(got is not None and issubclass(got, FileNotFoundError), f"a name that is gone "
-                f"raises FileNotFoundError (got {getattr(got, '__name__', got)})",
-                "shm_open raises it: let it through")
-        c.check(fd_count() == fds_before, "... and leaves no fd open")
+        c.check(got is not None and issubclass(got, FileNotFoundError), tr(
+                "a name that is gone raises FileNotFoundError (got {got})",
+                got=getattr(got, '__name__', got)),
+                tr("shm_open raises it: let it through"))
+        c.check(fd_count() == fds_before, tr("... and leaves no fd open"))
 
 
 def _raised(fn, *args):
@@ -114,32 +122,46 @@ def _raised(fn, *args):
 
 def check_concurrent_updates(incref, decref, processes=4, n=400):
     name = _shm.new_name()
-    with Cases("Exercise 2: refcount updates that are safe across processes") as c, \
+    with Cases(tr("Exercise 2: refcount updates that are safe across processes")) as c, \
             _removed(name):
         _shm.create_refcounted(name, 8)
-        raised = run_in_child(_hammer, incref, name, processes, n, timeout=120)
+        raised = _not_implemented_in(run_in_child(_hammer, incref, name, processes, n,
+                                                  timeout=120))
         want = 1 + processes * n
         c.check(not raised and _count(name) == want,
-                f"{processes} processes x {n} increments at once: {want} expected, got "
-                f"{_count(name)}" + (f" ({raised})" if raised else ""),
-                "two read-modify-writes interleaved and one update was lost: what keeps "
-                "another process out between your read and your write?")
+                tr("{processes} processes x {n} increments at once: {want} expected, got {got}",
+                   processes=processes, n=n, want=want, got=_count(name))
+                + (f" ({raised})" if raised else ""),
+                tr("two read-modify-writes interleaved and one update was lost: what keeps "
+                   "another process out between your read and your write?"))
         _set_count(name, want)
-        raised = run_in_child(_hammer, decref, name, processes, n, timeout=120)
+        raised = _not_implemented_in(run_in_child(_hammer, decref, name, processes, n,
+                                                  timeout=120))
         c.check(not raised and _count(name) == 1,
-                f"{processes} processes x {n} decrements at once: back to 1, got "
-                f"{_count(name)}" + (f" ({raised})" if raised else ""),
-                "read the count after you hold the lock, and write it back before you "
-                "let go: a count read before LOCK_EX, or written after LOCK_UN, is stale")
+                tr("{processes} processes x {n} decrements at once: back to 1, got {got}",
+                   processes=processes, n=n, got=_count(name))
+                + (f" ({raised})" if raised else ""),
+                tr("read the count after you hold the lock, and write it back before you "
+                   "let go: a count read before LOCK_EX, or written after LOCK_UN, is stale"))
         _set_count(name, 1)
         with _watching_unlink(decref) as unlinks:
             decref(name)
         unlinked = not os.path.exists(f"{SHM_DIR}{name}")
-        c.check(unlinked, "the decrement to 0 unlinks", "when the count reaches 0, shm_unlink")
-        c.check(unlinks == [True], f"it unlinks while holding the lock (shm_unlink calls, "
-                f"locked or not: {unlinks})", "between taking the lock and releasing it: "
-                "otherwise an attach can slip in after the count hit 0 and before the name "
-                "is gone")
+        c.check(unlinked, tr("the decrement to 0 unlinks"),
+                tr("when the count reaches 0, shm_unlink"))
+        c.check(unlinks == [True], tr("it unlinks while holding the lock (shm_unlink calls, "
+                                      "locked or not: {unlinks})", unlinks=unlinks),
+                tr("between taking the lock and releasing it: otherwise an attach can slip in "
+                   "after the count hit 0 and before the name is gone"))
+
+
+def _not_implemented_in(raised: str) -> str:
+    """What ``_hammer``'s children raised; an unfinished answer (every child raised
+    NotImplementedError) is raised here, so that ``Cases`` reports it as not implemented yet."""
+    lines = raised.splitlines()
+    if lines and all(line.startswith("NotImplementedError") for line in lines):
+        raise NotImplementedError("the children raised NotImplementedError")
+    return raised
 
 
 def _locks_on(path: str) -> list[str]:
@@ -227,24 +249,25 @@ def _hammer(update, name, processes, n):
 
 def check_in_flight(send_handle, receive_handle, close):
     name = _shm.new_name()
-    with Cases("Exercise 3: the count a message holds while it is in flight") as c, \
+    with Cases(tr("Exercise 3: the count a message holds while it is in flight")) as c, \
             _removed(name):
         _shm.create_refcounted(name, 8)
         message = send_handle(name)
-        c.check(_count(name) == 2, f"sending: 1 -> 2 (got {_count(name)})",
-                "incref before the message leaves: the sender may drop its own reference "
-                "before the receiver attaches")
+        c.check(_count(name) == 2, tr("sending: 1 -> 2 (got {got})", got=_count(name)),
+                tr("incref before the message leaves: the sender may drop its own reference "
+                   "before the receiver attaches"))
         if not _header_left_alone(c, name):
             return
         _shm.decref(name)  # the sender drops its tensor at once: the message keeps it alive
-        c.check(os.path.exists(f"{SHM_DIR}{name}"), "the segment survives its sender",
-                "that is what the in-flight count is for")
+        c.check(os.path.exists(f"{SHM_DIR}{name}"), tr("the segment survives its sender"),
+                tr("that is what the in-flight count is for"))
         m = receive_handle(message, 8)
-        c.check(_count(name) == 1, f"received: attach +1, release the in-flight count -1 "
-                f"(got {_count(name)})", "attach, then decref once for the message")
+        c.check(_count(name) == 1, tr("received: attach +1, release the in-flight count -1 "
+                                      "(got {got})", got=_count(name)),
+                tr("attach, then decref once for the message"))
         close(name, m)
         unlinked = not os.path.exists(f"{SHM_DIR}{name}")
-        c.check(unlinked, "the receiver, the last holder, unlinks on close")
+        c.check(unlinked, tr("the receiver, the last holder, unlinks on close"))
         del m
     _check_receive_fails(send_handle, receive_handle)
 
@@ -252,72 +275,78 @@ def check_in_flight(send_handle, receive_handle, close):
 def _check_receive_fails(send_handle, receive_handle):
     """The receiver cannot map the segment: the message's count must be given back anyway."""
     name = _shm.new_name()
-    with Cases("Exercise 3: a message whose receiver cannot attach") as c, _removed(name):
+    with Cases(tr("Exercise 3: a message whose receiver cannot attach")) as c, \
+            _removed(name):
         _shm.create_refcounted(name, 8)
         message = send_handle(name)
         _shm.decref(name)  # the sender has let go: only the message holds it now
         got = _raised(receive_handle, message, 1 << 20)  # more than the file holds
         gone = not os.path.exists(f"{SHM_DIR}{name}")
-        c.check(got is not None, f"receive_handle lets attach's error through "
-                f"({getattr(got, '__name__', got)})", "the caller must know it got nothing")
-        c.check(gone, "the in-flight count is given back on that path too: the last count "
-                f"went, so the name went (count left: {_count(name) if not gone else 0})",
-                "release the message's count whether attach worked or raised (try/finally), "
-                "and let attach count itself in only after its map worked (Exercise 1): "
-                "otherwise nobody ever gives it back and the segment leaks")
+        c.check(got is not None, tr("receive_handle lets attach's error through ({error})",
+                                    error=getattr(got, '__name__', got)),
+                tr("the caller must know it got nothing"))
+        c.check(gone, tr("the in-flight count is given back on that path too: the last count "
+                         "went, so the name went (count left: {n})",
+                         n=_count(name) if not gone else 0),
+                tr("release the message's count whether attach worked or raised "
+                   "(try/finally), and let attach count itself in only after its map worked "
+                   "(Exercise 1): otherwise nobody ever gives it back and the segment leaks"))
 
 
 
-_DEADLOCK = ("a second shm_open + flock in the same process waits for the first, so do not "
-             "call incref (or anything else that locks) while you hold the lock")
+_DEADLOCK = N_("a second shm_open + flock in the same process waits for the first, so do not "
+               "call incref (or anything else that locks) while you hold the lock")
 
 
 def check_safe_attach(safe_attach):
     name = _shm.new_name()
-    with Cases("Exercise 4: an attach that cannot revive a segment being freed") as c, \
+    with Cases(tr("Exercise 4: an attach that cannot revive a segment being freed")) as c, \
             _removed(name):
         creator = _shm.create_refcounted(name, 16)
         creator.buffer(_shm.HEADER_SIZE)[0] = 7
         fds_before = fd_count()
         worker, outcome = _attach_in_thread(safe_attach, name)
-        if not c.check(not worker.is_alive(), "safe_attach returns (within 5 s)",
-                       f"it hung: {_DEADLOCK}"):
+        if not c.check(not worker.is_alive(), tr("safe_attach returns (within 5 s)"),
+                       tr("it hung: {why}", why=tr(_DEADLOCK))):
             return
         m = outcome[0] if outcome else None
         if isinstance(m, BaseException):
             raise m  # on a live segment any exception is your code's: Cases shows its traceback
-        c.check(_count(name) == 2, f"a live segment: attach counts itself in, 1 -> 2 (got "
-                f"{_count(name)})", "read the count, add 1, write it back, all on the fd "
-                "you locked")
+        c.check(_count(name) == 2, tr("a live segment: attach counts itself in, 1 -> 2 (got "
+                                      "{got})", got=_count(name)),
+                tr("read the count, add 1, write it back, all on the fd you locked"))
         c.check(isinstance(m, mmap.mmap) and
                 bytes(memoryview(m)[_shm.HEADER_SIZE:_shm.HEADER_SIZE + 1]) == b"\x07",
-                "it returns a mapping that sees the creator's data",
-                "return mmap.mmap(fd, HEADER_SIZE + size)")
-        c.check(_lock_free(name), "the lock is free once attach returns",
-                "a mapping made from the locked fd keeps its open file, and so the flock, "
-                "alive after os.close(fd): release it with LOCK_UN")
+                tr("it returns a mapping that sees the creator's data"),
+                tr("return mmap.mmap(fd, HEADER_SIZE + size)"))
+        c.check(_lock_free(name), tr("the lock is free once attach returns"),
+                tr("a mapping made from the locked fd keeps its open file, and so the flock, "
+                   "alive after os.close(fd): release it with LOCK_UN"))
         _close(m)  # Python's mmap holds a dup of the fd until it is closed
-        c.check(fd_count() == fds_before, "once the mapping is closed, no fd is left open",
-                "close the fd you opened")
+        c.check(fd_count() == fds_before, tr("once the mapping is closed, no fd is left open"),
+                tr("close the fd you opened"))
         _set_count(name, 0)  # its last holder has decremented to 0 and is about to unlink it
         fds_before = fd_count()
         refused = _attach_outcome(safe_attach, name)
-        c.check(refused == "FileNotFoundError", f"a segment whose count is 0 is refused with "
-                f"FileNotFoundError (got: {refused})", "a count of 0 means its last holder "
-                "is unlinking it: mapping it now would hand out memory nobody counts")
-        c.check(_count(name) == 0, f"... and its count stays 0 (got {_count(name)})",
-                "decide before you write anything")
+        c.check(refused == "FileNotFoundError", tr("a segment whose count is 0 is refused with "
+                                                   "FileNotFoundError (got: {got})", got=refused),
+                tr("a count of 0 means its last holder is unlinking it: mapping it now would "
+                   "hand out memory nobody counts"))
+        c.check(_count(name) == 0, tr("... and its count stays 0 (got {got})", got=_count(name)),
+                tr("decide before you write anything"))
         c.check(fd_count() == fds_before and _lock_free(name),
-                "that path leaves no fd open and no lock held", "the lock and the fd are "
-                "released on the raising path too")
+                tr("that path leaves no fd open and no lock held"),
+                tr("the lock and the fd are released on the raising path too"))
         _set_count(name, 1)
         fds_before = fd_count()
         got = _raised(safe_attach, name, 1 << 20)  # more than the file holds: mmap refuses
         c.check(got is not None and _count(name) == 1 and fd_count() == fds_before
-                and _lock_free(name), f"a map that fails raises ({getattr(got, '__name__', got)}"
-                f"), leaves the count at 1 (got {_count(name)}), no fd open and no lock held",
-                "map before you count yourself in: a reference counted for a mapping that "
-                "was never made is never given back")
+                and _lock_free(name), tr(
+                    "a map that fails raises ({error}), leaves the count at 1 (got {got}), no "
+                    "fd open and no lock held", error=getattr(got, '__name__', got),
+                    got=_count(name)),
+                tr("map before you count yourself in: a reference counted for a mapping that "
+                   "was never made is never given back"))
         _check_race(c, safe_attach, name)
         del creator
 
@@ -331,16 +360,17 @@ def _check_race(c, safe_attach, name):
     os.close(go)
     os.waitpid(holder, 0)
     worker.join(5)
-    c.check(waited, "attach waits while another process holds the lock",
-            "take the lock on the fd before you read the count")
-    if not c.check(not worker.is_alive(), "attach returns once the lock is free",
-                   f"it hung: {_DEADLOCK}"):
+    c.check(waited, tr("attach waits while another process holds the lock"),
+            tr("take the lock on the fd before you read the count"))
+    if not c.check(not worker.is_alive(), tr("attach returns once the lock is free"),
+                   tr("it hung: {why}", why=tr(_DEADLOCK))):
         return
     got = _named(outcome[0]) if outcome else None
     c.check(got == "FileNotFoundError" and _count(name) == 0,
-            f"let in after that decrement to 0, it refuses (got: {got}, count "
-            f"{_count(name)})", "a count read before you held the lock can be stale by the "
-            "time you write it back: read it under the lock")
+            tr("let in after that decrement to 0, it refuses (got: {got}, count {n})", got=got,
+               n=_count(name)),
+            tr("a count read before you held the lock can be stale by the time you write it "
+               "back: read it under the lock"))
 
 
 def _hold_locks(name):

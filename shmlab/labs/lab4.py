@@ -13,6 +13,7 @@ import tempfile
 import time
 
 from .._shm import SHM_DIR
+from ..messages import tr
 from .report import Cases, run_in_child
 
 
@@ -40,51 +41,58 @@ def _names(tag: str, k: int) -> list[str]:
 def check_reclaim(reclaim):
     a, b, decoy = _names("r", 3)
     longer = a + "7"  # a's name is a prefix of it: somebody else's segment all the same
-    with Cases("Exercise 1: reclaim what was registered, and nothing else") as c, \
+    with Cases(tr("Exercise 1: reclaim what was registered, and nothing else")) as c, \
             _segments(a, b, decoy, longer):
         gone = a + "_gone"  # registered, then freed by its owner
         done = reclaim({a, b, gone})
         c.check(not os.path.exists(f"{SHM_DIR}/{a}") and not os.path.exists(f"{SHM_DIR}/{b}"),
-                "both registered segments are unlinked", "os.unlink('/dev/shm/' + name)")
-        c.check(os.path.exists(f"{SHM_DIR}/{decoy}"), "a segment nobody registered survives",
-                "never unlink a file you did not register: it may belong to someone else")
-        c.check(os.path.exists(f"{SHM_DIR}/{longer}"), f"so does {longer}, whose name starts "
-                "with a registered one", "a name is registered only if it is exactly that "
-                "name: compare whole names (or just unlink the registered ones)")
+                tr("both registered segments are unlinked"),
+                tr("os.unlink('/dev/shm/' + name)"))
+        c.check(os.path.exists(f"{SHM_DIR}/{decoy}"), tr("a segment nobody registered survives"),
+                tr("never unlink a file you did not register: it may belong to someone else"))
+        c.check(os.path.exists(f"{SHM_DIR}/{longer}"), tr("so does {name}, whose name starts "
+                                                          "with a registered one", name=longer),
+                tr("a name is registered only if it is exactly that name: compare whole names "
+                   "(or just unlink the registered ones)"))
         c.check(sorted(done or []) == sorted([a, b]),
-                "it returns the names it unlinked (not the one already gone)",
-                "a registered name may be gone already: skip FileNotFoundError")
+                tr("it returns the names it unlinked (not the one already gone)"),
+                tr("a registered name may be gone already: skip FileNotFoundError"))
 
 
 
 def check_tracker(tracker_cls):
     a, b = _names("t", 2)
-    with Cases("Exercise 2: the tracker knows who is connected and what is registered") as c:
+    with Cases(tr("Exercise 2: the tracker knows who is connected and what is registered")) \
+            as c:
         t = tracker_cls()
-        c.check(not t.should_exit(now=0.0), "before any client came: keep serving",
-                "the manager starts for its first client: exit only after clients came and went")
+        c.check(not t.should_exit(now=0.0), tr("before any client came: keep serving"),
+                tr("the manager starts for its first client: exit only after clients came and "
+                   "went"))
         t.client_joined("c1", now=0.0)
         t.client_joined("c2", now=0.0)
         t.register("c1", a)
         t.register("c2", a)  # the same name twice (two holders of one segment): one entry
-        c.check(t.registered == {a}, f"register() records the name once ({t.registered})",
-                "keep the names in the set attribute `registered`")
+        c.check(t.registered == {a}, tr("register() records the name once ({registered})",
+                                        registered=t.registered),
+                tr("keep the names in the set attribute `registered`"))
         t.register("c1", b)  # only c1 holds b
         t.client_left("c1", now=1.0)
-        c.check(not t.should_exit(now=5.0), "one client is still connected: keep serving",
-                "exit only when no client is left")
-        c.check(t.registered == {a, b}, f"a client who leaves leaves its names registered "
-                f"({t.registered})", "a client that dies without FREE leaves its segments "
-                "behind: they are exactly what the manager must reclaim later, so keep them")
+        c.check(not t.should_exit(now=5.0), tr("one client is still connected: keep serving"),
+                tr("exit only when no client is left"))
+        c.check(t.registered == {a, b}, tr("a client who leaves leaves its names registered "
+                                           "({registered})", registered=t.registered),
+                tr("a client that dies without FREE leaves its segments behind: they are "
+                   "exactly what the manager must reclaim later, so keep them"))
         t.client_left("c2", now=2.0)
-        c.check(t.should_exit(now=2.0), "the last client left: time to clean",
-                "exit once every client that joined has left")
+        c.check(t.should_exit(now=2.0), tr("the last client left: time to clean"),
+                tr("exit once every client that joined has left"))
         t.free(a)
-        c.check(a not in t.registered, "free() forgets a name", "remove it from .registered")
+        c.check(a not in t.registered, tr("free() forgets a name"),
+                tr("remove it from .registered"))
         t.free(a)  # a second FREE of the same name (its owner and a reclaim) is harmless
         t.free(b)
-        c.check(t.registered == set(), "a second free() of the same name is harmless",
-                "set.discard does not raise for a missing element")
+        c.check(t.registered == set(), tr("a second free() of the same name is harmless"),
+                tr("set.discard does not raise for a missing element"))
 
 
 def check_grace(tracker_cls, grace=None):
@@ -98,40 +106,45 @@ def check_grace(tracker_cls, grace=None):
 
 
 def _check_grace(tracker_cls, grace):
-    with Cases(f"Exercise 3: the grace period ({grace} s), and a client who joins during "
-               "it") as c:
+    with Cases(tr("Exercise 3: the grace period ({grace} s), and a client who joins during "
+                  "it", grace=grace)) as c:
         t = tracker_cls(grace)
         t.client_joined("c1", now=0.0)
         t.client_left("c1", now=2.0)
-        c.check(not t.should_exit(now=2.0 + grace / 2), "inside the grace period: wait",
-                "wait `grace` seconds after the last client left")
-        c.check(t.should_exit(now=2.0 + grace + 0.01), "after the grace period: time to clean",
-                "compare now - (time the last client left) with grace")
+        c.check(not t.should_exit(now=2.0 + grace / 2), tr("inside the grace period: wait"),
+                tr("wait `grace` seconds after the last client left"))
+        c.check(t.should_exit(now=2.0 + grace + 0.01), tr("after the grace period: time to "
+                                                          "clean"),
+                tr("compare now - (time the last client left) with grace"))
         t.client_joined("c2", now=2.0 + grace / 2)
-        c.check(not t.should_exit(now=2.0 + grace + 0.01), "a client arriving in the grace "
-                "period cancels the clean-up", "while anyone is connected, never exit")
+        c.check(not t.should_exit(now=2.0 + grace + 0.01), tr("a client arriving in the grace "
+                                                              "period cancels the clean-up"),
+                tr("while anyone is connected, never exit"))
         t.client_left("c2", now=2.0 + grace * 0.75)
-        c.check(not t.should_exit(now=2.0 + grace + 0.01), "when that client leaves, the "
-                "countdown starts again from its departure",
-                "which departure does your countdown measure from, after a join?")
-        c.check(t.should_exit(now=2.0 + grace * 1.75 + 0.01), "... and ends `grace` seconds "
-                "after it", "measure from the moment the last client left")
+        c.check(not t.should_exit(now=2.0 + grace + 0.01), tr("when that client leaves, the "
+                                                              "countdown starts again from its "
+                                                              "departure"),
+                tr("which departure does your countdown measure from, after a join?"))
+        c.check(t.should_exit(now=2.0 + grace * 1.75 + 0.01), tr("... and ends `grace` seconds "
+                                                                 "after it"),
+                tr("measure from the moment the last client left"))
         u = tracker_cls(grace)
         u.client_joined("a", now=0.0)
         u.client_joined("b", now=0.0)
         u.client_left("a", now=1.0)
         u.client_left("b", now=3.0)
         c.check(not u.should_exit(now=1.0 + grace + 0.01) and
-                u.should_exit(now=3.0 + grace + 0.01), "with two clients, the countdown "
-                "starts when the second one leaves", "a departure that leaves somebody "
-                "connected starts no countdown")
+                u.should_exit(now=3.0 + grace + 0.01),
+                tr("with two clients, the countdown starts when the second one leaves"),
+                tr("a departure that leaves somebody connected starts no countdown"))
 
 
 
 def check_under_sigkill(serve, tracker_cls, reclaim, grace=1.0):
     names = _names("k", 3)
     (decoy,) = _names("d", 1)
-    with Cases("Exercise 4: the manager loop reclaims SIGKILLed producers' segments") as c, \
+    with Cases(tr("Exercise 4: the manager loop reclaims SIGKILLed producers' segments")) \
+            as c, \
             _segments(decoy):
         report = run_in_child(_serve_victims, serve, tracker_cls, reclaim, names, grace,
                               timeout=40)
@@ -142,43 +155,56 @@ def check_under_sigkill(serve, tracker_cls, reclaim, grace=1.0):
             raise NotImplementedError("serve")  # Cases says: not implemented yet
         if report["raised"]:
             print(report["raised"])
-            c.check(False, "your serve raised " + report["raised"].strip().splitlines()[-1],
-                    "the traceback above starts in the manager process: fix it there")
+            c.check(False, tr("your serve raised {error}",
+                              error=report["raised"].strip().splitlines()[-1]),
+                    tr("the traceback above starts in the manager process: fix it there"))
             return
         events = report["events"]
-        print("  a silent client connected; producer 1 registered 2 names and freed one; "
-              "both were SIGKILLed; producer 2 joined in the grace period, registered 1 and "
-              f"was SIGKILLed.\n  Your tracker heard: {events}")
-        c.check(events.count("register") == 3, f"the 3 REGISTER lines reached "
-                f"tracker.register ({events.count('register')})", "split what recv returns "
-                "into lines; each is `REGISTER <name>` or `FREE <name>`")
-        c.check("free" in events, "the FREE line reached tracker.free",
-                "a name its owner unlinked itself must not stay registered")
-        c.check(events.count("left") == 3, f"the EOF of each killed client reached "
-                f"tracker.client_left ({events.count('left')} of 3)", "a SIGKILLed client "
-                "sends nothing: its socket reads b'' (EOF), as on a clean exit")
+        print("  " + tr("a silent client connected; producer 1 registered 2 names and freed "
+                        "one; both were SIGKILLed; producer 2 joined in the grace period, "
+                        "registered 1 and was SIGKILLed.") + "\n  "
+              + tr("Your tracker heard: {events}", events=events))
+        c.check(events.count("register") == 3, tr("the 3 REGISTER lines reached "
+                                                  "tracker.register ({n})",
+                                                  n=events.count("register")),
+                tr("split what recv returns into lines; each is `REGISTER <name>` or "
+                   "`FREE <name>`"))
+        c.check("free" in events, tr("the FREE line reached tracker.free"),
+                tr("a name its owner unlinked itself must not stay registered"))
+        c.check(events.count("left") == 3, tr("the EOF of each killed client reached "
+                                              "tracker.client_left ({n} of 3)",
+                                              n=events.count("left")),
+                tr("a SIGKILLed client sends nothing: its socket reads b'' (EOF), as on a "
+                   "clean exit"))
         c.check("register" in events and "left" in events and
-                events.index("register") < events.index("left"), "producer 1's REGISTER "
-                "lines were heard while the silent client was still connected",
-                "wait on every socket at once (the selector) and read only the one that is "
-                "ready: a recv on a client with nothing to say blocks the whole manager")
+                events.index("register") < events.index("left"),
+                tr("producer 1's REGISTER lines were heard while the silent client was still "
+                   "connected"),
+                tr("wait on every socket at once (the selector) and read only the one that is "
+                   "ready: a recv on a client with nothing to say blocks the whole manager"))
         sockets = report["sockets"]
-        c.check(sockets == 1, f"when producer 2 joined, the loop held 1 client socket (its "
-                f"own; held {sockets})", "close a client's socket at its EOF (and "
-                "unregister it): every dead client's socket kept is an fd leaked")
-        c.check(not leaked, f"the {len(names) - 1} segments still registered were reclaimed "
-                f"({len(leaked)} left)", "when tracker.should_exit(now) says so, reclaim the "
-                "registered names; a socket closed but still in the selector breaks the next "
-                "client that gets its fd number")
-        c.check(os.path.exists(f"{SHM_DIR}/{decoy}"), "an unregistered file survived")
+        c.check(sockets == 1, tr("when producer 2 joined, the loop held 1 client socket (its "
+                                 "own; held {n})", n=sockets),
+                tr("close a client's socket at its EOF (and unregister it): every dead "
+                   "client's socket kept is an fd leaked"))
+        c.check(not leaked, tr("the {n} segments still registered were reclaimed ({left} "
+                               "left)", n=len(names) - 1, left=len(leaked)),
+                tr("when tracker.should_exit(now) says so, reclaim the registered names; a "
+                   "socket closed but still in the selector breaks the next client that gets "
+                   "its fd number"))
+        c.check(os.path.exists(f"{SHM_DIR}/{decoy}"), tr("an unregistered file survived"))
         c.check(sorted(report["returned"] or []) == sorted(names[1:]),
-                f"serve returns what reclaim unlinked ({report['returned']})",
-                "return reclaim(...)'s list as soon as you have reclaimed")
+                tr("serve returns what reclaim unlinked ({returned})",
+                   returned=report["returned"]),
+                tr("return reclaim(...)'s list as soon as you have reclaimed"))
         took = report["after_s"]
         c.check(took is not None and grace - 0.05 <= took < grace + 2,
-                f"it reclaimed {'never' if took is None else f'{took:.2f} s'} after the "
-                f"last producer died (grace {grace} s)", "ask should_exit on every turn of "
-                "the loop, before you wait for the next event")
+                tr("it reclaimed never after the last producer died (grace {grace} s)",
+                   grace=grace) if took is None else
+                tr("it reclaimed {took} s after the last producer died (grace {grace} s)",
+                   took=f"{took:.2f}", grace=grace),
+                tr("ask should_exit on every turn of the loop, before you wait for the next "
+                   "event"))
 
 def _sockets() -> int:
     """Sockets this process holds open."""

@@ -10,6 +10,7 @@ import os
 import random
 import time
 
+from ..messages import language, tr
 from .report import Cases, answer, start_child
 
 
@@ -49,16 +50,18 @@ def _run(worker, model, data, processes: int, epochs: int, timeout: float = 120.
 
 
 def check_hogwild(train_worker):
-    with Cases("Exercise 1: several processes train one shared model") as c:
+    with Cases(tr("Exercise 1: several processes train one shared model")) as c:
         torch, data, make_model, accuracy = _setup()
         train_worker(0, 1, make_model(seed=0), data, 0)  # 0 epochs: a stub still raises here
         shard = len(data.x_train[1::2])
         epochs = random.choice((2, 3))  # not 1: a worker that ignores `epochs` fails
         seen = _rows_seen(train_worker, make_model(seed=0), data, epochs)
-        c.check(seen == epochs * shard, f"{epochs} epochs of worker 1 of 2 pass {epochs} times "
-                f"over its shard ({epochs} x {shard} rows; it fed the model {seen})",
-                "each worker trains on its own share of the data, `epochs` times: the rows "
-                "rank, rank + world, ...")
+        c.check(seen == epochs * shard, tr("{epochs} epochs of worker 1 of 2 pass {epochs} "
+                                           "times over its shard ({epochs} x {shard} rows; it "
+                                           "fed the model {seen})", epochs=epochs, shard=shard,
+                                           seen=seen),
+                tr("each worker trains on its own share of the data, `epochs` times: the rows "
+                   "rank, rank + world, ..."))
         model = make_model(seed=0)
         model.share_memory()
         before = [p.detach().clone() for p in model.parameters()]
@@ -67,22 +70,26 @@ def check_hogwild(train_worker):
             seconds, codes = _run(train_worker, model, data, processes=2, epochs=5)
         finally:
             watch.close()
-        c.check(codes == [0, 0], f"both workers exited cleanly (exit codes {codes})",
-                "read the child's traceback above; the worker gets (rank, world, model, data, "
-                "epochs)")
+        c.check(codes == [0, 0], tr("both workers exited cleanly (exit codes {codes})",
+                                    codes=codes),
+                tr("read the child's traceback above; the worker gets (rank, world, model, "
+                   "data, epochs)"))
         fed = sorted(rows for rows, _ in watch.away)
         want = sorted(5 * len(data.x_train[r::2]) for r in range(2))
-        c.check(fed == want, f"each of the 2 workers fed the shared model 5 epochs of its "
-                f"shard ({want} rows; fed {fed})", "5 passes over data.x_train[rank::world] "
-                "in each worker, on the model it was given")
+        c.check(fed == want, tr("each of the 2 workers fed the shared model 5 epochs of its "
+                                "shard ({want} rows; fed {fed})", want=want, fed=fed),
+                tr("5 passes over data.x_train[rank::world] in each worker, on the model it "
+                   "was given"))
         moved = any(not torch.equal(a, b) for a, b in zip(before, model.parameters(),
                                                           strict=True))
-        c.check(moved, "the parent sees the parameters the children trained",
-                "optimizer.step() must update the shared model's own parameters: build the "
-                "optimizer from model.parameters() inside the worker, don't copy the model")
+        c.check(moved, tr("the parent sees the parameters the children trained"),
+                tr("optimizer.step() must update the shared model's own parameters: build the "
+                   "optimizer from model.parameters() inside the worker, don't copy the model"))
         acc = accuracy(model, data.x_test, data.y_test)
-        c.check(acc >= 0.85, f"test accuracy {acc:.3f} (>= 0.85) after {seconds:.1f} s",
-                "each worker should run `epochs` passes over its shard data.x_train[rank::world]")
+        c.check(acc >= 0.85, tr("test accuracy {acc} (>= 0.85) after {seconds} s",
+                                acc=f"{acc:.3f}", seconds=f"{seconds:.1f}"),
+                tr("each worker should run `epochs` passes over its shard "
+                   "data.x_train[rank::world]"))
 
 
 def _rows_seen(train_worker, model, data, epochs: int) -> int:
@@ -104,88 +111,104 @@ def _rows_seen(train_worker, model, data, epochs: int) -> int:
 
 
 def check_baseline(baseline):
-    with Cases("Exercise 2: a fresh single-process baseline") as c:
+    with Cases(tr("Exercise 2: a fresh single-process baseline")) as c:
         _, data, _, accuracy = _setup(timed=True)
         with _watching(baseline) as watch:
             start = time.perf_counter()
             result = baseline()
             wall = time.perf_counter() - start
-        print(f"  baseline() returned {result} in {wall:.2f} s")
+        print("  " + tr("baseline() returned {result} in {wall} s", result=result,
+                        wall=f"{wall:.2f}"))
         if not c.check(isinstance(result, dict) and {"seconds", "accuracy"} <= set(result),
-                       "baseline() returns a dict with 'accuracy' and 'seconds'",
-                       "return a dict with those two keys"):
+                       tr("baseline() returns a dict with 'accuracy' and 'seconds'"),
+                       tr("return a dict with those two keys")):
             return
-        c.check(len(watch.made) >= 1, f"baseline() trains a fresh model (make_model called "
-                f"{len(watch.made)} time(s) inside it)", "a model built or trained before "
-                "baseline() ran measures nothing: build it inside")
+        c.check(len(watch.made) >= 1, tr("baseline() trains a fresh model (make_model called "
+                                         "{n} time(s) inside it)", n=len(watch.made)),
+                tr("a model built or trained before baseline() ran measures nothing: build it "
+                   "inside"))
         here = [t for t in watch.made if t.here and not t.away]  # trained in this process
         rows = 5 * len(data.x_train)
-        c.check(any(t.here >= rows for t in here), f"it trains that model here, 5 epochs over "
-                f"all {len(data.x_train)} rows ({watch.summary()})", "one process, every row, "
-                "5 epochs: train_worker(0, 1, model, data, 5)")
+        c.check(any(t.here >= rows for t in here), tr(
+                "it trains that model here, 5 epochs over all {rows} rows ({summary})",
+                rows=len(data.x_train), summary=watch.summary()),
+                tr("one process, every row, 5 epochs: train_worker(0, 1, model, data, 5)"))
         same = [t for t in here if _same(result["accuracy"],
                                          accuracy(t.model, data.x_test, data.y_test))]
-        c.check(bool(same), "the accuracy reported is that of the model baseline() trained",
-                "report accuracy(model, data.x_test, data.y_test) of the model you trained")
-        c.check(result["accuracy"] >= 0.85, f"it reaches >= 0.85 test accuracy "
-                f"({result['accuracy']:.3f})", "train it for 5 epochs with train_worker")
+        c.check(bool(same), tr("the accuracy reported is that of the model baseline() trained"),
+                tr("report accuracy(model, data.x_test, data.y_test) of the model you trained"))
+        c.check(result["accuracy"] >= 0.85, tr("it reaches >= 0.85 test accuracy ({acc})",
+                                               acc=f"{result['accuracy']:.3f}"),
+                tr("train it for 5 epochs with train_worker"))
         span = same[0].span if same else 0.0
-        c.check(max(span, 0.5 * wall) <= result["seconds"] <= wall + 0.05, f"the time reported "
-                f"({result['seconds']:.2f} s) covers the training ({span:.2f} s from its first "
-                f"batch to its last), is most of what baseline() took ({wall:.2f} s), and not "
-                "more", "time.perf_counter() just before and just after the training")
+        c.check(max(span, 0.5 * wall) <= result["seconds"] <= wall + 0.05, tr(
+                "the time reported ({seconds} s) covers the training ({span} s from its first "
+                "batch to its last), is most of what baseline() took ({wall} s), and not more",
+                seconds=f"{result['seconds']:.2f}", span=f"{span:.2f}", wall=f"{wall:.2f}"),
+                tr("time.perf_counter() just before and just after the training"))
 
 
 def check_measurement(measure):
-    with Cases("Exercise 3: measure Hogwild against the baseline") as c:
+    with Cases(tr("Exercise 3: measure Hogwild against the baseline")) as c:
         _, data, _, accuracy = _setup(timed=True)
         with _watching(measure) as watch:
             start = time.perf_counter()
             result = measure()
             wall = time.perf_counter() - start
-        print(f"  measure() returned {result} in {wall:.2f} s")
+        print("  " + tr("measure() returned {result} in {wall} s", result=result,
+                        wall=f"{wall:.2f}"))
         keys = {"single_seconds", "single_accuracy", "hogwild_seconds", "hogwild_accuracy"}
         if not c.check(isinstance(result, dict) and keys <= set(result),
-                       f"measure() returns a dict with {sorted(keys)}",
-                       "return a dict with those four keys"):
+                       tr("measure() returns a dict with {keys}", keys=sorted(keys)),
+                       tr("return a dict with those four keys")):
             return
-        c.check(len(watch.made) >= 2, f"measure() trains two fresh models (make_model called "
-                f"{len(watch.made)} time(s) inside it)", "a model trained before measure() ran "
-                "measures nothing: run the baseline and build the shared model inside it")
+        c.check(len(watch.made) >= 2, tr("measure() trains two fresh models (make_model called "
+                                         "{n} time(s) inside it)", n=len(watch.made)),
+                tr("a model trained before measure() ran measures nothing: run the baseline "
+                   "and build the shared model inside it"))
         single = [t for t in watch.made if t.here and not t.away]  # trained in this process
         workers = [t for t in watch.made if t.away and not t.here]  # trained by others only
         rows = 5 * len(data.x_train)
         full = any(t.here >= rows for t in single)
         hogwild = any(len(t.away) == 2 and sum(r for r, _ in t.away) >= rows for t in workers)
-        c.check(full and hogwild, f"one model trained here and another by 2 worker processes, "
-                f"5 epochs over the {len(data.x_train)} rows each ({watch.summary()})",
-                "run baseline(), then lab5._run(train_worker, model, data, processes=2, "
-                "epochs=5) on a second fresh model")
+        c.check(full and hogwild, tr("one model trained here and another by 2 worker "
+                                     "processes, 5 epochs over the {rows} rows each "
+                                     "({summary})", rows=len(data.x_train),
+                                     summary=watch.summary()),
+                tr("run baseline(), then lab5._run(train_worker, model, data, processes=2, "
+                   "epochs=5) on a second fresh model"))
         # The two honest models often reach the very same accuracy (the same number of test
         # rows right), so the values cannot say which model each came from: accuracy() is
         # watched, and each number must be the very object it returned for the right model.
         mine = watch.measured_by(result["single_accuracy"], single, accuracy, data)
         theirs = watch.measured_by(result["hogwild_accuracy"], workers, accuracy, data)
-        c.check(mine is not None and theirs is not None, "single_accuracy is what accuracy() "
-                "returned for the model trained here, hogwild_accuracy what it returned for the "
-                "one the workers trained", "report accuracy(model, data.x_test, data.y_test) of "
-                "each model you trained, as it returned it, not numbers you wrote or copied")
+        c.check(mine is not None and theirs is not None,
+                tr("single_accuracy is what accuracy() returned for the model trained here, "
+                   "hogwild_accuracy what it returned for the one the workers trained"),
+                tr("report accuracy(model, data.x_test, data.y_test) of each model you "
+                   "trained, as it returned it, not numbers you wrote or copied"))
         c.check(result["single_accuracy"] >= 0.85 and result["hogwild_accuracy"] >= 0.85,
-                "both reach >= 0.85 test accuracy", "both train 5 epochs; the shared one "
-                "learns only if share_memory() ran before the workers started")
+                tr("both reach >= 0.85 test accuracy"),
+                tr("both train 5 epochs; the shared one learns only if share_memory() ran "
+                   "before the workers started"))
         spent = result["single_seconds"] + result["hogwild_seconds"]
         spans = [mine.span if mine else 0.0, theirs.span if theirs else 0.0]
         c.check(0.5 * wall <= spent <= wall + 0.05 and result["single_seconds"] >= spans[0]
-                and result["hogwild_seconds"] >= spans[1], f"each time covers its run's "
-                f"training ({spans[0]:.2f} s and {spans[1]:.2f} s from first batch to last); "
-                f"the two ({spent:.2f} s) are most of what measure() took ({wall:.2f} s), and "
-                "not more", "time each run from just before it starts to just after it ends "
-                "(the processes joined)")
+                and result["hogwild_seconds"] >= spans[1], tr(
+                "each time covers its run's training ({single} s and {hogwild} s from first "
+                "batch to last); the two ({spent} s) are most of what measure() took ({wall} "
+                "s), and not more", single=f"{spans[0]:.2f}", hogwild=f"{spans[1]:.2f}",
+                spent=f"{spent:.2f}", wall=f"{wall:.2f}"),
+                tr("time each run from just before it starts to just after it ends (the "
+                   "processes joined)"))
         if all(isinstance(result[k], (int, float)) for k in keys):
             ratio = result["single_seconds"] / max(result["hogwild_seconds"], 1e-9)
-            print(f"  Hogwild took {result['hogwild_seconds']:.2f} s against "
-                  f"{result['single_seconds']:.2f} s: {ratio:.2f}x; accuracy "
-                  f"{result['hogwild_accuracy']:.3f} against {result['single_accuracy']:.3f}")
+            print("  " + tr("Hogwild took {hogwild} s against {single} s: {ratio}x; accuracy "
+                            "{hogwild_acc} against {single_acc}",
+                            hogwild=f"{result['hogwild_seconds']:.2f}",
+                            single=f"{result['single_seconds']:.2f}", ratio=f"{ratio:.2f}",
+                            hogwild_acc=f"{result['hogwild_accuracy']:.3f}",
+                            single_acc=f"{result['single_accuracy']:.3f}"))
 
 
 class _Trainers:
@@ -311,12 +334,15 @@ class _Watch:
         """Who fed each model how many rows: 'model 1: 6740 rows here; model 2: ...'."""
         said = []
         for i, t in enumerate(self.made, 1):
-            fed = [f"{t.here} rows here"] if t.here else []
-            if t.away:
-                fed.append(f"{' + '.join(str(r) for r, _ in t.away)} rows in {len(t.away)} "
-                           f"other process{'es' if len(t.away) > 1 else ''}")
-            said.append(f"model {i}: {' and '.join(fed) or 'not trained'}")
-        return "; ".join(said) or "no model made"
+            here = tr("{n} rows here", n=t.here) if t.here else ""
+            rows = " + ".join(str(r) for r, _ in t.away)
+            away = "" if not t.away else tr("{rows} rows in 1 other process", rows=rows) \
+                if len(t.away) == 1 else tr("{rows} rows in {n} other processes", rows=rows,
+                                            n=len(t.away))
+            fed = tr("{here} and {away}", here=here, away=away) if here and away else (
+                here or away or tr("not trained"))
+            said.append(tr("model {i}: {fed}", i=i, fed=fed))
+        return ("; " if language() == "en" else "；").join(said) or tr("no model made")
 
     def measured_by(self, value, trainers, accuracy, data):
         """The one of ``trainers`` whose accuracy ``value`` is: what accuracy() returned for its
@@ -371,7 +397,8 @@ def _watching(measure):
 
 
 def check_identity(storage_identity):
-    with Cases("Exercise 4: the same segment behind the parameters in every process") as c:
+    with Cases(tr("Exercise 4: the same segment behind the parameters in every process")) \
+            as c:
         torch, _, make_model, _ = _setup()
         import torch.multiprocessing as mp
 
@@ -379,9 +406,9 @@ def check_identity(storage_identity):
         model.share_memory()
         mine = [storage_identity(p) for p in model.parameters()]
         c.check(all(isinstance(i, tuple) and len(i) == 2 for i in mine),
-                "storage_identity returns a (st_ino, st_dev) pair per parameter",
-                "a shared parameter's storage has an fd (its sharing handle); what names the "
-                "object behind an fd?")
+                tr("storage_identity returns a (st_ino, st_dev) pair per parameter"),
+                tr("a shared parameter's storage has an fd (its sharing handle); what names "
+                   "the object behind an fd?"))
         ctx = mp.get_context("fork")
         inq = ctx.Queue()
         child = start_child(_identities_from, storage_identity, inq)
@@ -391,9 +418,10 @@ def check_identity(storage_identity):
         finally:
             inq.close()
             inq.join_thread()
-        c.check(theirs == mine, "a child that received the model over a Queue maps the very "
-                "same segments", "two fds, one object: compare inode and device, not fd numbers")
-        c.check(len(set(mine)) == len(mine), "each parameter has a segment of its own")
+        c.check(theirs == mine, tr("a child that received the model over a Queue maps the "
+                                   "very same segments"),
+                tr("two fds, one object: compare inode and device, not fd numbers"))
+        c.check(len(set(mine)) == len(mine), tr("each parameter has a segment of its own"))
 
 
 def _identities_from(storage_identity, inq):

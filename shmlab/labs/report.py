@@ -238,9 +238,10 @@ def answer(child, timeout: float = 30.0):
     try:
         return child("call", timeout=timeout)
     except TimeoutError:
-        raise TimeoutError(f"{child.name} did not finish in {timeout:.0f} s") from None
+        raise TimeoutError(tr("{name} did not finish in {timeout} s", name=child.name,
+                              timeout=f"{timeout:.0f}")) from None
     except ActorDied:
-        raise RuntimeError("the child process died before answering") from None
+        raise RuntimeError(tr("the child process died before answering")) from None
     except ActorError as err:  # the same type, so NotImplementedError stays itself
         raise err.exception or RuntimeError(f"{err.type}: {err.message}") from None
     finally:

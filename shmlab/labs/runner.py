@@ -205,7 +205,8 @@ def run(job: dict, out) -> dict:
                 source, notes = _plain_python(source)
             except _Unsupported as where:
                 if cell["role"] == "helper":
-                    print(f"note: the grader skipped {cell['label']} ({where}): IPython syntax")
+                    print(tr("note: the grader skipped {label} ({where}): IPython syntax",
+                             label=cell["label"], where=where))
                     continue
                 return {"passed": False, "traceback": "",
                         "reason": _unsupported_reason(cell["label"], str(where))}
@@ -215,7 +216,8 @@ def run(job: dict, out) -> dict:
             exec(compile(source, filename, "exec"), ns)
         except BaseException as exc:  # SystemExit and KeyboardInterrupt are answers too
             if cell["role"] == "helper":  # as in Jupyter: what it defined before it raised stays
-                print(f"note: {cell['label']} raised {type(exc).__name__}: {exc}"[:300])
+                print(tr("note: {label} raised {error}", label=cell["label"],
+                         error=f"{type(exc).__name__}: {exc}")[:300])
                 continue
             if cell["role"] == "answer" and isinstance(exc, NotImplementedError):
                 return {"passed": False, "traceback": "", "reason": tr(

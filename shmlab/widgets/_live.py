@@ -287,7 +287,19 @@ def table(head, rows, row_classes=None, left=(0,), wrap=()) -> str:
 def text_table(head, rows) -> str:
     """A plain-text table with right-aligned columns (the first one left-aligned)."""
     cells = [list(map(str, head))] + [list(map(str, r)) for r in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(head))]
-    fmt = lambda r: "  ".join(c.ljust(w) if i == 0 else c.rjust(w)
-                             for i, (c, w) in enumerate(zip(r, widths, strict=True)))
-    return "\n".join(fmt(r) for r in cells)
+    widths = [max(_width(r[i]) for r in cells) for i in range(len(head))]
+
+    def pad(i: int, c: str, w: int) -> str:
+        fill = " " * (w - _width(c))
+        return c + fill if i == 0 else fill + c
+
+    return "\n".join("  ".join(pad(i, c, w) for i, (c, w) in enumerate(zip(r, widths, strict=True)))
+                     for r in cells)
+
+
+def _width(text: str) -> int:
+    """Columns ``text`` takes in a terminal: a Chinese character (East Asian wide or
+    full-width) takes two, so a Chinese column name keeps the table aligned."""
+    import unicodedata
+
+    return sum(2 if unicodedata.east_asian_width(ch) in "WF" else 1 for ch in text)

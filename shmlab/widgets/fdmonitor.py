@@ -14,6 +14,7 @@ import time
 import ipywidgets as W
 
 from .. import introspect
+from ..messages import tr
 from ._live import CSS, DEFAULT_HZ, PALETTE, LiveView, svg_chart, table, text_table
 
 KINDS = introspect.FD_KINDS  # shm-deleted, shm-named, socket, pipe, file, other
@@ -81,7 +82,7 @@ class FdMonitor(LiveView, W.HBox):
 
     def _svg(self, now: float) -> str:
         series = self._series()
-        return svg_chart(series, now, self.window_s, unit="open fds") + self._legend()
+        return svg_chart(series, now, self.window_s, unit=tr("open fds")) + self._legend()
 
     def _legend(self) -> str:
         """One swatch per process drawn, those that exited too (their line just stops)."""
@@ -92,9 +93,9 @@ class FdMonitor(LiveView, W.HBox):
             name = html.escape(str(self.labels.get(pid, f"pid {pid}")))
             items.append(f'<span class="{"gone" if gone else ""}" data-pid="{pid}">'
                          f"{_swatch(self._colours.get(pid, PALETTE[0]))} {name}"
-                         f"{' (exited)' if gone else ''}</span>")
+                         f"{' ' + tr('(exited)') if gone else ''}</span>")
         kinds = "" if not self.by_kind else (
-            '<span class="gone">dash pattern = fd kind (hover a line)</span>')
+            '<span class="gone">' + tr("dash pattern = fd kind (hover a line)") + "</span>")
         return f'<div class="shmlab-legend shmlab-fd-legend">{"".join(items)}{kinds}</div>'
 
     def _numbers_html(self, snap) -> str:
@@ -105,19 +106,25 @@ class FdMonitor(LiveView, W.HBox):
             rows.append([f"{swatch} {html.escape(self.labels[pid])}",
                          f'<span class="shmlab-fd-total" data-pid="{pid}">{c["total"]}</span>',
                          *(str(c[k]) for k in KINDS)])
-        rows.append(["<b>all</b>", f'<b class="shmlab-fd-family-total">{self.family_total}'
-                     "</b>", *(str(sum(c[k] for c in self.current.values())) for k in KINDS)])
+        rows.append([f"<b>{tr('all')}</b>", f'<b class="shmlab-fd-family-total">'
+                     f"{self.family_total}</b>",
+                     *(str(sum(c[k] for c in self.current.values())) for k in KINDS)])
         lim = snap.limits
-        soft = "unlimited" if lim.nofile_soft < 0 else lim.nofile_soft
+        soft = tr("unlimited") if lim.nofile_soft < 0 else lim.nofile_soft
         stamp = time.strftime("%H:%M:%S", time.localtime(snap.time))
-        return (table(["process", "total", *KINDS], rows)
-                + f'<div class="shmlab-muted">RLIMIT_NOFILE {soft} per process &middot; '
-                  f"{len(pids)} processes &middot; {stamp}</div>")
+        return (table(_head(), rows)
+                + '<div class="shmlab-muted">'
+                + tr("RLIMIT_NOFILE {soft} per process", soft=soft) + " &middot; "
+                + tr("{n} processes", n=len(pids)) + f" &middot; {stamp}</div>")
 
     def render_text(self) -> str:
         rows = [[self.labels.get(p, p), c["total"], *(c[k] for k in KINDS)]
                 for p, c in sorted(self.current.items())]
-        rows.append(["all", self.family_total,
+        rows.append([tr("all"), self.family_total,
                      *(sum(c[k] for c in self.current.values()) for k in KINDS)])
-        return "open fds (kernel and descendants)\n" + text_table(["process", "total", *KINDS],
-                                                                   rows)
+        return tr("open fds (kernel and descendants)") + "\n" + text_table(_head(), rows)
+
+
+def _head() -> list[str]:
+    """The table's columns: process, total, then the fd kinds (introspect's names, kept)."""
+    return [tr("process"), tr("total"), *KINDS]

@@ -22,6 +22,7 @@ import ipywidgets as W
 
 from .. import introspect
 from ..manager import client as manager_client
+from ..messages import tr
 from ._live import CSS, DEFAULT_HZ, LiveView, svg_chart
 
 _QUIET = frozenset({"registered", "freed"})  # shown as counts per tick, not line by line
@@ -101,7 +102,8 @@ class LeakCleanup(LiveView, W.VBox):
         self._ours |= family
         if self._family is not None:
             for pid in sorted(self._family - family):
-                self._note(snap.time, f"process {pid} ended (no longer in the kernel's family)")
+                self._note(snap.time, tr("process {pid} ended (no longer in the kernel's "
+                                         "family)", pid=pid))
         self._family = family
         # A manager is ours if one of our processes started it (we see it while its starter
         # lives: the starter holds a connection), even after it is re-parented to init.
@@ -109,9 +111,11 @@ class LeakCleanup(LiveView, W.VBox):
                         or m.pid in self._managers or m.pid in family or m.ppid in self._ours}
         for pid, kind in now_managers.items():
             if pid not in self._managers:
-                self._note(snap.time, f"{kind} manager {pid} is running")
+                self._note(snap.time, tr("{kind} manager {pid} is running", kind=kind,
+                                         pid=pid))
         for pid in self._managers.keys() - now_managers.keys():
-            self._note(snap.time, f"{self._managers[pid]} manager {pid} exited")
+            self._note(snap.time, tr("{kind} manager {pid} exited", kind=self._managers[pid],
+                                     pid=pid))
         self._managers = now_managers
 
     def _close(self, pid: int, inc: dict, now: float) -> None:
@@ -122,8 +126,9 @@ class LeakCleanup(LiveView, W.VBox):
                "reclaim_s": now - inc["leaked_t"], "log_reclaim_s": None, "log": None}
         self.records.append(rec)
         del self.records[:-50]  # bounded, like every history here
-        self._note(now, f"{rec['segments']} {rec['owner']} segments of dead pid {pid} are gone: "
-                        f"reclaimed {rec['reclaim_s']:.2f} s after they were seen leaked")
+        self._note(now, tr("{n} {owner} segments of dead pid {pid} are gone: reclaimed {s} s "
+                           "after they were seen leaked", n=rec["segments"], owner=rec["owner"],
+                           pid=pid, s=f"{rec['reclaim_s']:.2f}"))
         if rec["owner"] == "shmlab":
             self._from_log(rec)
 
@@ -194,9 +199,11 @@ class LeakCleanup(LiveView, W.VBox):
                 last[(kind, e.get("pid"))] = max(e["t"], last.get((kind, e.get("pid")), 0.0))
             else:
                 why = f" ({e['reason']})" if e.get("reason") else ""
-                self._note(e["t"], f"manager log: {kind} pid {e.get('pid')}{why}")
+                self._note(e["t"], tr("manager log: {event} pid {pid}{why}", event=kind,
+                                      pid=e.get("pid"), why=why))
         for (kind, pid), n in sorted(quiet.items(), key=str):
-            self._note(last[(kind, pid)], f"manager log: {kind} x{n} (pid {pid})")
+            self._note(last[(kind, pid)], tr("manager log: {event} x{n} (pid {pid})",
+                                             event=kind, n=n, pid=pid))
         if len(self._keys) > 4 * self.manager_events.maxlen:
             self._keys = {(e.get("manager"), e.get("t"), e.get("event"), e.get("pid"),
                            e.get("name"))
@@ -217,34 +224,40 @@ class LeakCleanup(LiveView, W.VBox):
                  for line in self._open_lines(now)]
         lines += [f'<span class="shmlab-leak-record">{html.escape(line)}</span>'
                   for line in self._record_lines()[-3:]]
+        title = f"<b>{tr('Leak cleanup')}</b>"
+        count = f'<span class="shmlab-leak-open-count">{leaking}</span>'
         self.summary.value = CSS + (
-            f'<b>Leak cleanup</b> &middot; <span class="shmlab-leak-open-count">{leaking}'
-            "</span> leaked, waiting for a reclaim<br>" if leaking else "<b>Leak cleanup</b><br>"
-        ) + ("<br>".join(lines) or '<span class="shmlab-muted">no leak seen yet</span>')
-        series = [("segments", "#1f77b4", [(t, n) for t, n, _ in self.history]),
-                  ("leaked", "#d62728", [(t, k) for t, _, k in self.history])]
+            title + " &middot; " + tr("{n} leaked, waiting for a reclaim", n=count) + "<br>"
+            if leaking else title + "<br>"
+        ) + ("<br>".join(lines) or '<span class="shmlab-muted">' + tr("no leak seen yet")
+             + "</span>")
+        series = [(tr("segments"), "#1f77b4", [(t, n) for t, n, _ in self.history]),
+                  (tr("leaked"), "#d62728", [(t, k) for t, _, k in self.history])]
         self.chart.value = svg_chart(series, now, 60.0, height=140,
-                                     unit="segments (blue) / leaked (red)")
+                                     unit=tr("segments (blue) / leaked (red)"))
         lines = [f"{t - self.t0:+8.2f} s  {text}" for t, text in sorted(self.timeline)[-14:]]
         self.events.value = CSS + '<pre class="shmlab-muted" style="margin:0">' + html.escape(
             "\n".join(lines)) + "</pre>"
 
     def _open_lines(self, now: float) -> list[str]:
-        return [f"{inc['owner']}: {len(inc['names'])} segments of dead pid {pid} leaked "
-                f"{now - inc['leaked_t']:.1f} s ago, not reclaimed yet"
+        return [tr("{owner}: {n} segments of dead pid {pid} leaked {s} s ago, not reclaimed "
+                   "yet", owner=inc["owner"], n=len(inc["names"]), pid=pid,
+                   s=f"{now - inc['leaked_t']:.1f}")
                 for pid, inc in sorted(self._incidents.items())]
 
     def _record_lines(self) -> list[str]:
         out = []
         for r in self.records:
-            line = (f"{r['owner']}: {r['segments']} segments of pid {r['creator']} reclaimed "
-                    f"{r['reclaim_s']:.2f} s after seen leaked (observed)")
+            line = tr("{owner}: {n} segments of pid {pid} reclaimed {s} s after seen leaked "
+                      "(observed)", owner=r["owner"], n=r["segments"], pid=r["creator"],
+                      s=f"{r['reclaim_s']:.2f}")
             if r["log_reclaim_s"] is not None:
-                line += f"; {r['log_reclaim_s']:.2f} s after the last client left (manager log)"
+                line += "; " + tr("{s} s after the last client left (manager log)",
+                                  s=f"{r['log_reclaim_s']:.2f}")
             out.append(line)
         return out
 
     def render_text(self) -> str:
-        lines = ["leak cleanup", *self._open_lines(time.time()), *self._record_lines()]
+        lines = [tr("leak cleanup"), *self._open_lines(time.time()), *self._record_lines()]
         lines += [f"{t - self.t0:+8.2f} s  {text}" for t, text in sorted(self.timeline)[-20:]]
         return "\n".join(lines)

@@ -12,6 +12,7 @@ import html
 import ipywidgets as W
 
 from .. import introspect
+from ..messages import N_, tr
 from ._live import CSS, DEFAULT_HZ, LiveView, table, text_table
 
 MAX_ROWS = 100  # a table of thousands of rows would cost the browser more than it tells
@@ -26,7 +27,7 @@ def _size(n: int) -> str:
 
 
 def _state(seg: introspect.ShmSegment) -> str:
-    return {True: "LEAKED", False: "alive", None: "?"}[seg.leaked]
+    return {True: tr("LEAKED"), False: tr("alive"), None: "?"}[seg.leaked]
 
 
 def _cells(seg: introspect.ShmSegment) -> list:
@@ -35,7 +36,12 @@ def _cells(seg: introspect.ShmSegment) -> list:
     return [seg.name, seg.owner, _size(seg.size), pid, _state(seg), rc, f"{seg.age_s:.1f} s"]
 
 
-HEAD = ["name", "owner", "size", "creator", "state", "refcount", "age"]
+# the column names (translated where shown: tr(h) for h in HEAD)
+HEAD = [N_("name"), N_("owner"), N_("size"), N_("creator"), N_("state"), N_("refcount"), N_("age")]
+
+
+def _head() -> list[str]:
+    return [tr(h) for h in HEAD]
 
 
 class ShmFiles(LiveView, W.VBox):
@@ -59,11 +65,13 @@ class ShmFiles(LiveView, W.VBox):
         total = sum(s.size for s in self.rows)
         self.history.append((snap.time, len(self.rows), len(self.leaked), total))
         lim = snap.limits
+        count = f'<span class="shmlab-shm-count">{len(self.rows)}</span>'
+        leaked = f'<span class="shmlab-shm-leaked-count">{len(self.leaked)}</span>'
         self.summary.value = CSS + (
-            f'<b><span class="shmlab-shm-count">{len(self.rows)}</span> segments in /dev/shm</b>'
-            f' &middot; <span class="shmlab-shm-leaked-count">{len(self.leaked)}</span> leaked'
-            f" &middot; {_size(total)} used &middot; {_size(lim.shm_free)} free of "
-            f"{_size(lim.shm_total)}")
+            "<b>" + tr("{n} segments in /dev/shm", n=count) + "</b> &middot; "
+            + tr("{n} leaked", n=leaked) + " &middot; "
+            + tr("{used} used", used=_size(total)) + " &middot; "
+            + tr("{free} free of {total}", free=_size(lim.shm_free), total=_size(lim.shm_total)))
         shown = sorted(self.rows, key=lambda s: (not s.leaked, s.name))[:MAX_ROWS]
         rows = [[html.escape(str(c)) for c in _cells(s)] for s in shown]
         for r in rows:
@@ -71,11 +79,14 @@ class ShmFiles(LiveView, W.VBox):
         classes = ["shmlab-leaked" if s.leaked else "shmlab-segment" for s in shown]
         more = len(self.rows) - len(shown)
         self.table.value = CSS + (
-            table(HEAD, rows, classes) if self.rows else
-            '<div class="shmlab-muted">no torch_/shmlab_/psm_ files in /dev/shm</div>'
-        ) + (f'<div class="shmlab-muted">... and {more} more</div>' if more > 0 else "")
+            table(_head(), rows, classes) if self.rows else
+            '<div class="shmlab-muted">' + tr("no torch_/shmlab_/psm_ files in /dev/shm")
+            + "</div>"
+        ) + ('<div class="shmlab-muted">' + tr("... and {n} more", n=more) + "</div>"
+             if more > 0 else "")
 
     def render_text(self) -> str:
-        head = f"/dev/shm: {len(self.rows)} segments, {len(self.leaked)} leaked"
-        return head + ("\n" + text_table(HEAD, [_cells(s) for s in self.rows]) if self.rows
+        head = tr("/dev/shm: {n} segments, {leaked} leaked", n=len(self.rows),
+                  leaked=len(self.leaked))
+        return head + ("\n" + text_table(_head(), [_cells(s) for s in self.rows]) if self.rows
                        else "")

@@ -159,3 +159,14 @@ def test_the_chinese_pages_use_full_width_punctuation_and_link_what_exists(name)
         target = (m.group(2) or m.group(5)).split("#")[0]
         if target and not build._ABSOLUTE.match(target):
             assert ((REPO / name).parent / target).exists(), f"{name}: {target} is missing"
+
+
+def test_a_link_whose_text_is_a_code_span_is_retargeted_and_code_is_left_alone(tmp_path):
+    english, out = tmp_path / "notebooks", tmp_path / "notebooks" / "zh"
+    out.mkdir(parents=True)
+    md = ("See [`docs/CLAIMS.md`](../docs/CLAIMS.md) and [notebook 05](05_x.ipynb#step-2); "
+          "`[not a link](../docs/CLAIMS.md)` stays.\n```\n[nor this](../docs/x.md)\n```\n")
+    got = build.retarget_links(md, english, out, tmp_path, {"05_x"}, "zh")
+    assert got == ("See [`docs/CLAIMS.md`](../../docs/CLAIMS.md) and "
+                   "[notebook 05](05_x.ipynb#step-2); `[not a link](../docs/CLAIMS.md)` "
+                   "stays.\n```\n[nor this](../docs/x.md)\n```\n")
