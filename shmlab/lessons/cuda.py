@@ -39,6 +39,29 @@ def cuda_resend(inq, outq):
     del t
 
 
+def cuda_event_consumer(inq, outq):
+    """Real CUDA (tests/core/test_cuda.py, notebook 18's C18.1): receive a ``torch.cuda.Event``
+    (``rebuild_event`` opens its IPC handle here), make this process's current stream wait on
+    it, wait for it, and report what arrived.
+    """
+    import torch
+
+    event = inq.get(timeout=120)
+    event.wait()  # cudaStreamWaitEvent on this process's current stream
+    event.synchronize()
+    outq.put({"is a torch.cuda.Event": isinstance(event, torch.cuda.Event),
+              "device": str(event.device), "done": event.query()})
+    del event
+
+
+def pinned_receiver(inq, outq):
+    """Real CUDA (tests/core/test_cuda.py, notebook 18's C18.13): receive a CPU tensor that was
+    pinned in the sender; report whether it is pinned and shared here, and its values."""
+    t = inq.get(timeout=120)
+    outq.put({"pinned": t.is_pinned(), "shared": t.is_shared(), "values": t.tolist()})
+    del t
+
+
 def cuda_in_fork_child(results):
     """Real CUDA, fork start method: touch CUDA in a child forked after the parent did."""
     import torch

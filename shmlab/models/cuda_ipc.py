@@ -24,7 +24,9 @@ Note [The protocol being modelled]
   the block it was sent with is really freed, and a file whose ``SLOTS`` slots were all handed
   out and all handed back is closed. ``ipc_collect()`` with an empty limbo also closes the
   current file if none of its slots is out (safe_clean_current_file).
-Not modelled: CUDA events (stream sync), devices, the OOM callback that also collects.
+Not modelled: CUDA events (stream sync), devices, and the caching allocator's free-memory
+callback that also collects (torch runs it whenever an allocation finds no free cached block,
+before ``cudaMalloc``; memory need not run out).
 Only the consumer writes a slot after the send and the producer only reads it, so plain int64
 stores suffice here where torch uses atomics.
 """

@@ -136,13 +136,39 @@ def test_each_send_carries_an_event_handle_to_wait_on():
     torch.cuda.ipc_collect()
 
 
-@pytest.mark.claim("C18.13")
-def test_a_pinned_tensor_leaves_pinned_memory_when_pickled_for_a_queue():
-    from multiprocessing.reduction import ForkingPickler
+@pytest.mark.claim("C18.1")
+def test_an_interprocess_event_is_opened_and_waited_on_in_a_spawn_child():
+    ctx = mp.get_context("spawn")
+    inq, outq = ctx.Queue(), ctx.Queue()
+    child = ctx.Process(target=demo_cuda.cuda_event_consumer, args=(inq, outq))
+    child.start()
+    try:
+        work = torch.ones(1 << 20, device="cuda")
+        work.mul_(2)  # queued on this process's current stream before the event
+        event = torch.cuda.Event(interprocess=True)
+        event.record()
+        inq.put(event)  # reduce_event: (rebuild_event, (device, ipc_handle()))
+        got = outq.get(timeout=120)
+    finally:
+        _stop(child)
+    assert child.exitcode == 0
+    assert got == {"is a torch.cuda.Event": True, "device": str(event.device), "done": True}
+    del work, event
 
-    pinned = torch.ones(4).pin_memory()
-    assert pinned.is_pinned() and not pinned.is_shared()
-    received = ForkingPickler.loads(ForkingPickler.dumps(pinned))  # q.put / q.get, in-process
+
+@pytest.mark.claim("C18.13")
+def test_a_pinned_tensor_arrives_in_a_spawn_child_shared_and_unpinned():
+    ctx = mp.get_context("spawn")
+    inq, outq = ctx.Queue(), ctx.Queue()
+    child = ctx.Process(target=demo_cuda.pinned_receiver, args=(inq, outq))
+    child.start()
+    try:
+        pinned = torch.ones(4).pin_memory()
+        assert pinned.is_pinned() and not pinned.is_shared()
+        inq.put(pinned)  # the feeder thread pickles it (_share_fd_cpu_/_share_filename_cpu_)
+        got = outq.get(timeout=120)  # so it has been pickled by now
+    finally:
+        _stop(child)
+    assert child.exitcode == 0
     assert pinned.is_shared() and not pinned.is_pinned()  # moved into /dev/shm under the sender
-    assert received.is_shared() and not received.is_pinned()
-    assert received.tolist() == [1.0] * 4
+    assert got == {"pinned": False, "shared": True, "values": [1.0] * 4}

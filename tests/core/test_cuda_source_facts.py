@@ -32,12 +32,15 @@ def test_is_available_asks_the_cuda_runtime_unless_the_nvml_check_is_asked_for()
 
 
 @pytest.mark.claim("C25.9")
-def test_the_limbo_is_collected_by_ipc_collect_and_on_out_of_memory():
+def test_the_limbo_is_collected_by_ipc_collect_and_on_an_allocator_cache_miss():
     ipc = (TORCH / "include/torch/csrc/CudaIPCTypes.h").read_text()
     alloc = (TORCH / "include/c10/cuda/CUDACachingAllocator.h").read_text()
     assert "struct CudaIPCSentDataLimbo" in ipc and "bool collect();" in ipc
-    # the caching allocator's free-memory callback (run when an allocation fails) collects
+    # the caching allocator's free-memory callback collects; it runs whenever an allocation
+    # finds no free cached block (before cudaMalloc), not only when memory runs out
     callback = ipc[ipc.index("class CudaIPCCollectCallback"):]
     assert "public FreeMemoryCallback" in callback and "torch::CudaIPCCollect()" in callback
     assert "FreeCudaMemoryCallbacksRegistry" in alloc
+    assert ("// Caching allocator will execute every registered callback if it unable to find\n"
+            "// block inside of already allocated area.") in alloc
     assert "_cuda_ipc_collect" in inspect.getsource(torch.cuda.ipc_collect)
