@@ -19,7 +19,7 @@ UNTRANSLATED = {
     "notebooks/09_live_dashboard", "notebooks/10_interview_drill", "notebooks/11_famous_errors",
     "notebooks/12_crashes_trackers_and_fds", "notebooks/13_inside_share_memory",
     "notebooks/14_trace_a_tensor", "notebooks/15_dataloader_workers",
-    "notebooks/16_sharing_without_a_queue", "notebooks/17_autograd_across_processes",
+    "notebooks/16_sharing_without_a_queue",
     "notebooks/18_cuda_ipc_in_depth",
 }
 SOURCES = catalog.sources(REPO)
