@@ -308,7 +308,8 @@ def check_fd_ledger(receive_storage, send_fd, create_unlinked_segment, repeats=3
             "every message brings a new fd, also for a segment the cache already has: what "
             "becomes of that one?"))
         c.check(held[-1] == 2 and got[-1] is not got[0],
-                tr("segment B adds one storage and one fd (held {n})", n=held[-1]),
+                tr("after segment B it holds 2 fds: one more storage, one more fd (held {n})",
+                   n=held[-1]),
                 tr("a different segment is a different storage with a dup of its own"))
         del got
         cache.clear()

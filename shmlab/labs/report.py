@@ -70,7 +70,7 @@ class Cases:
         print("  " + tr("{passed}/{total} cases passed", passed=self.passed, total=total))
         if self.failed:
             err = AssertionError(tr("{title}: {n} case(s) failed: ", title=self.title,
-                                    n=len(self.failed)) + "; ".join(self.failed))
+                                    n=len(self.failed)) + tr("; ").join(self.failed))
             err.shmlab_check = True  # said above: shown without a traceback (Note above)
             raise err from None  # the learner's exception was reported as a case already
         return exc_type is None
@@ -85,14 +85,16 @@ class Cases:
         mine = [i for i, f in enumerate(frames) if is_learner_frame(f.filename)]
         if mine:  # the learner's innermost line: where to look (the grader's frames are noise)
             at = frames[mine[-1]]
-            deeper = "" if mine[-1] == len(frames) - 1 else (
-                f", inside {os.path.basename(frames[-1].filename)}")
+            deeper = "" if mine[-1] == len(frames) - 1 else tr(
+                ", inside {file}", file=os.path.basename(frames[-1].filename))
             self.check(False, tr("your code raised {error}", error=last),
-                       f"{_cell_name(at.filename)}, line {at.lineno}, in {at.name}{deeper}:\n"
-                       f"       {(at.line or '').strip()}")
+                       tr("{cell}, line {line}, in {function}{deeper}:", cell=_cell_name(
+                           at.filename), line=at.lineno, function=at.name, deeper=deeper)
+                       + f"\n       {(at.line or '').strip()}")
         else:
             where = frames[-1] if frames else None
-            at = f" at {os.path.basename(where.filename)}:{where.lineno}" if where else ""
+            at = tr(" at {file}:{line}", file=os.path.basename(where.filename),
+                    line=where.lineno) if where else ""
             self.check(False, tr("the check raised {error}{at}, after your code returned",
                                  error=last, at=at),
                        tr("usually your function returned something the check could not use "
@@ -107,9 +109,10 @@ def _cell_name(filename: str) -> str:
         from IPython import get_ipython
 
         count = get_ipython().compile._filename_map[filename]
-        return f"your cell In[{count}]"
+        return tr("your cell In[{count}]", count=count)
     except Exception:  # noqa: BLE001 - not in IPython, or not a cell: the plain name
-        return f"your cell {filename}" if filename.startswith("<") else os.path.basename(filename)
+        return (tr("your cell {name}", name=filename) if filename.startswith("<")
+                else os.path.basename(filename))
 
 
 _CHECK_CALL = re.compile(r"\blab\d+\.check_\w+\(")

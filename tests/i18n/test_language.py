@@ -46,7 +46,7 @@ def test_the_quiz_labels_follow_its_language_switch(monkeypatch, tmp_path):
     quiz.set_lang("zh")
     assert quiz.reveal_button.description == "显示答案"
     assert quiz.lang_buttons.description == "语言"
-    assert [b.description for b in quiz.grade_buttons] == ["再来一次", "较难", "记得", "很简单"]
+    assert [b.description for b in quiz.grade_buttons] == ["重来", "困难", "良好", "简单"]
     assert "已掌握" in quiz.chart.value
     quiz.set_lang("en")
     assert quiz.reveal_button.description == "Reveal / 显示答案"
