@@ -206,7 +206,7 @@ def check_rebuild_cache(rebuild_storage_fd, create_unlinked_segment):
         os.close(other)
         c.check(d is not a, tr("a different segment (even under a reused fd number) is a "
                                "new storage"),
-                tr("fd numbers are reused as soon as they are closed: they cannot name a "
+                tr("fd numbers can be reused as soon as they are closed: they cannot name a "
                    "segment; (st_ino, st_dev) can"))
         del a, b, d
         _check_same_inode_other_device(c, rebuild_storage_fd, create_unlinked_segment)
