@@ -51,11 +51,12 @@ ROOT_ARGS := $(if $(filter 0,$(shell id -u)),--allow-root)
 
 # The Chinese edition: `make lab LANG=zh` opens notebooks/zh/00_start_here.ipynb, with
 # JupyterLab's own interface in Chinese (jupyterlab-language-pack-zh-cn, a dependency); shmlab's
-# messages are Chinese in any kernel started in a zh folder. LANG is also the locale variable,
-# so only `zh` or `zh_*` means Chinese, and JupyterLab gets a valid locale (C.UTF-8) in place
-# of a bare `zh`. The interface language is a user setting: the Chinese sessions keep theirs in
+# messages are Chinese in any kernel started in a zh folder. LANG is also the shell's locale
+# variable, so only a LANG given on make's command line counts (a Chinese locale alone does not
+# switch the edition), only `zh` or `zh_*` means Chinese, and JupyterLab gets a valid locale
+# (C.UTF-8) in place of a bare `zh`. The interface language is a user setting: the Chinese sessions keep theirs in
 # $(ZH_SETTINGS), so the English sessions' settings stay as they are.
-ZH          := $(filter zh zh_%,$(LANG))
+ZH          := $(if $(filter command line,$(origin LANG)),$(filter zh zh_%,$(LANG)))
 ZH_SETTINGS := $(VENV)/share/shmlab/lab-settings-zh
 START       := notebooks/$(if $(ZH),zh/)00_start_here.ipynb
 LAB_ENV     := $(if $(ZH),env LANG=C.UTF-8)

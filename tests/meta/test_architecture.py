@@ -129,7 +129,7 @@ def test_every_module_of_the_package_is_in_the_table_and_every_row_exists():
 # rules, as docs/ARCHITECTURE.md states them ("Import rules"):
 #   1. the core imports nothing outside the core;
 #   2. models import only the core;
-#   3. observing imports only the core and observing (never driving, teaching or models);
+#   3. observing imports only the core, observing and language (never driving, teaching or models);
 #   4. driving never imports teaching;
 #   5. no cycle between units;
 #   6. the language part (`shmlab.messages`, what shmlab prints in Chinese) imports no other
