@@ -26,23 +26,27 @@ from .. import introspect
 from ..introspect.checks import mib
 from ..introspect.doctor import clean, cleanable, diagnose, exit_status, render, report
 from ..introspect.leaks import MIN_AGE_S
+from ..messages import tr
 
 
 def show_list(items: list[dict], out) -> None:
     """What --clean is about to remove: always shown, with or without --yes."""
-    print(f"--clean: {len(items)} leaked segment(s) of yours, {mib(sum(i['size'] for i in items))}"
-          ", no process maps or holds them and their creators are gone:", file=out)
+    print(tr("--clean: {n} leaked segment(s) of yours, {size}, no process maps or holds them "
+             "and their creators are gone:", n=len(items),
+             size=mib(sum(i["size"] for i in items))), file=out)
     for i in items:
-        print(f"  {i['path']}  {i['size']:,} bytes, creator pid {i['creator_pid']}, "
-              f"{i['age_s']:.0f} s old", file=out)
+        print(f"  {i['path']}  " + tr("{size:,} bytes, creator pid {pid}, {age:.0f} s old",
+                                      size=i["size"], pid=i["creator_pid"], age=i["age_s"]),
+              file=out)
 
 
 def _confirm(out) -> bool:
     """Ask on ``out`` (stderr with --json, so stdout stays pure JSON); no terminal: no."""
     if not sys.stdin.isatty():
-        print("stdin is not a terminal: nothing removed (add --yes to remove them)", file=out)
+        print(tr("stdin is not a terminal: nothing removed (add --yes to remove them)"),
+              file=out)
         return False
-    print("Remove them? [y/N] ", end="", file=out, flush=True)
+    print(tr("Remove them? [y/N] "), end="", file=out, flush=True)
     return sys.stdin.readline().strip().lower() in ("y", "yes")
 
 
@@ -79,12 +83,12 @@ def main(argv: list[str] | None = None) -> int:
             show_list(items, talk)
         if items and (args.yes or _confirm(talk)):
             cleaned = clean(items)
-            print(f"removed {len(cleaned['removed'])} segment(s), freed "
-                  f"{cleaned['bytes_freed']:,} bytes; skipped {len(cleaned['skipped'])}",
-                  file=talk)
+            print(tr("removed {n} segment(s), freed {freed:,} bytes; skipped {skipped}",
+                     n=len(cleaned["removed"]), freed=cleaned["bytes_freed"],
+                     skipped=len(cleaned["skipped"])), file=talk)
             findings = diagnose(args.shm_dir, args.min_age)  # report what is left
         elif not items:
-            print("--clean: no leaked segment of ours is safe to remove", file=talk)
+            print(tr("--clean: no leaked segment of ours is safe to remove"), file=talk)
     if args.json:
         print(json.dumps(report(findings, args.shm_dir, cleaned), indent=2))
     else:
