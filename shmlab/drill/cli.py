@@ -5,8 +5,8 @@ answer, the common wrong answer and the notebook section that proves it are prin
 1 again, 2 hard, 3 good, 4 easy (or the word), q to stop. State is saved after every grade (see
 shmlab.drill.state), so the next session picks up where this one stopped. Reads plain lines from
 stdin, so it can be scripted: `printf '\\n3\\n' | python -m shmlab drill --cards 1`. The prompts
-are in the cards' language (``--lang zh`` or ``en``); with ``both``, in shmlab's (``SHMLAB_LANG``,
-Note [Which language a message is in]).
+are in shmlab's language (``SHMLAB_LANG=zh``: Note [Which language a message is in]); ``--lang``
+chooses the cards' text.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..messages import language, tr
+from ..messages import tr
 from . import bank, export, state
 from .deck import Deck
 from .schedule import GRADES
@@ -35,36 +35,30 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def ui_language(lang: str) -> str:
-    """The prompts' language for the cards' ``--lang``: its own, or shmlab's for ``both``."""
-    return lang if lang in ("en", "zh") else language()
-
-
-def show_progress(deck: Deck, out, ui: str | None = None) -> None:
+def show_progress(deck: Deck, out) -> None:
     for question, row in deck.progress().items():
         bar = "#" * row["known"] + "+" * (row["seen"] - row["known"])
         bar += "." * (row["total"] - row["seen"])
-        print(f"{question:>6} {bar} " + tr("{known}/{total} known", ui, known=row["known"],
+        print(f"{question:>6} {bar} " + tr("{known}/{total} known", known=row["known"],
                                              total=row["total"]), file=out)
 
 
 def ask(card, lang: str, read, out) -> str | None:
     """One card; returns the grade, or None if the learner quits (q or end of input)."""
-    ui = ui_language(lang)
     print(f"\n[{card.question} · {card.level}] {card.text('prompt', lang)}", file=out)
-    if read(tr("your answer (Enter to reveal)> ", ui)) is None:
+    if read(tr("your answer (Enter to reveal)> ")) is None:
         return None
     print(f"\n{card.text('answer', lang)}", file=out)
     print(f"\n✗ {card.text('wrong', lang)}\n  → {card.text('why_wrong', lang)}", file=out)
-    cites = tr(" (claims {claims})", ui, claims=", ".join(card.claims)) if card.claims else ""
-    print("\n" + tr("see notebooks/{link}{cites}", ui, link=card.link, cites=cites), file=out)
+    cites = tr(" (claims {claims})", claims=", ".join(card.claims)) if card.claims else ""
+    print("\n" + tr("see notebooks/{link}{cites}", link=card.link, cites=cites), file=out)
     while True:
-        line = read(tr("grade: 1 again, 2 hard, 3 good, 4 easy (q quits)> ", ui))
+        line = read(tr("grade: 1 again, 2 hard, 3 good, 4 easy (q quits)> "))
         if line is None or line.strip().lower() in ("q", "quit"):
             return None
         if line.strip().lower() in KEYS:
             return KEYS[line.strip().lower()]
-        print(tr("type 1, 2, 3 or 4", ui), file=out)
+        print(tr("type 1, 2, 3 or 4"), file=out)
 
 
 def drill(deck: Deck, lang: str, stdin, out) -> int:
@@ -79,10 +73,9 @@ def drill(deck: Deck, lang: str, stdin, out) -> int:
             break
         deck.grade(grade)
     deck.save()
-    ui = ui_language(lang)
-    print("\n" + tr("{n} card(s) graded; saved to {path}", ui, n=deck.answered,
+    print("\n" + tr("{n} card(s) graded; saved to {path}", n=deck.answered,
                     path=state.path()), file=out)
-    show_progress(deck, out, ui)
+    show_progress(deck, out)
     return 0
 
 
@@ -95,11 +88,10 @@ def main(argv=None, stdin=None, out=None) -> int:
         if kind not in writers:
             parser().error("--export takes csv or anki")
         n = writers[kind](bank.load(), path)
-        print(tr("wrote {n} cards to {path}", ui_language(args.lang), n=n, path=path),
-              file=out)
+        print(tr("wrote {n} cards to {path}", n=n, path=path), file=out)
         return 0
     deck = Deck(seed=args.seed, questions=args.question, limit=args.cards)
     if args.progress:
-        show_progress(deck, out, ui_language(args.lang))
+        show_progress(deck, out)
         return 0
     return drill(deck, args.lang, stdin, out)
