@@ -82,5 +82,17 @@ def test_the_sandbox_says_its_leftovers_in_the_graded_language():
     assert set(grade._leftovers("zh")) == set(sandbox.LEFTOVERS)
     assert grade._leftovers("en") == sandbox.LEFTOVERS  # the defaults are the msgids
     said = grade._leftovers("zh")
-    assert said["alive"].format(n=2).startswith("评分器：") and "2 个进程" in said["alive"].format(n=2)
+    alive = said["alive"].format(n=2)
+    assert alive.startswith("评分器：") and "2 个进程" in alive
     assert json.loads(json.dumps(said)) == said  # travels as argv[5]
+
+
+@pytest.mark.timeout(60)
+def test_notebook_00s_doctor_widget_is_chinese(zh, tmp_path):
+    from shmlab.widgets import DoctorReport
+
+    report = DoctorReport(shm_dir=str(tmp_path))
+    assert report.refresh_button.description == "刷新"
+    assert "需要处理" in report.summary.value and "<th" in report.table.value
+    assert ">严重程度</th>" in report.table.value
+    report.close()
