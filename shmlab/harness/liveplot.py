@@ -49,7 +49,9 @@ def plot_accuracy(ax, hogwild_run, other_run, other_label: str, target: float) -
 
 
 def white_figure(*args, **kwargs):
-    """``plt.subplots`` in the default style on a white background (light and dark themes)."""
+    """``plt.subplots`` in the default style on a white background (light and dark themes);
+    in the Chinese edition with a CJK font configured, for labels a notebook writes in Chinese."""
+    figure_language()
     plt = _plt()
     with plt.style.context("default"):
         return plt.subplots(*args, facecolor="white", layout="constrained", **kwargs)
