@@ -55,11 +55,17 @@ def markdown_cells(path: Path) -> list[str]:
 
 
 def plain(markdown: str) -> str:
-    """The text a reader sees: no `code` ticks, **bold**, *italics* or [link](targets)."""
+    """The text a reader sees: no `code` ticks, **bold**, *italics* or [link](targets).
+
+    Code spans stay as written (`/dev/shm/torch_*` keeps its star). Outside them a star pair
+    around non-space text is emphasis wherever it stands, between 汉字 or digits too (*父进程的*,
+    2*3*4), as Markdown's flanking rules and JupyterLab's renderer have it; a lone star stays."""
     text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", markdown)
-    # ASCII word characters only: *父进程的* between Han characters is italics too (Markdown's
-    # flanking rules), which Python's \w, counting 汉字 as letters, would keep as asterisks
-    return re.sub(r"(\*\*|`|(?<![A-Za-z0-9_])\*(?=\S)|(?<=\S)\*(?![A-Za-z0-9_]))", "", text)
+    parts = re.split(r"`([^`]*)`", text)  # odd items: the code spans
+    for i in range(0, len(parts), 2):
+        part = re.sub(r"\*\*(?=\S)(.+?)(?<=\S)\*\*", r"\1", parts[i])
+        parts[i] = re.sub(r"\*(?=\S)(.+?)(?<=\S)\*", r"\1", part)
+    return "".join(parts)
 
 
 def anchor(heading: str) -> str:

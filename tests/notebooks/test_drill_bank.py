@@ -10,9 +10,13 @@ the Chinese text uses full-width punctuation outside code.
 from __future__ import annotations
 
 import collections
+import html
 import json
 import re
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import jsonschema
 import pytest
@@ -62,7 +66,54 @@ def test_anchor_is_what_jupyterlab_renders():
     # italics between 汉字 are italics (Markdown's flanking rules): the id has no asterisks
     assert notebooks.anchor("第 2 步 · 证据：子进程训练的是*父进程的*参数") == \
         "第-2-步-·-证据：子进程训练的是父进程的参数"
-    assert notebooks.anchor("Step 1 · 2*3*4 and a_b*c") == "Step-1-·-2*3*4-and-a_b*c"
+    # a star in a code span stays; a star pair is italics even between digits; a lone one stays
+    assert notebooks.anchor("4. Leaked `/dev/shm/torch_*` after `SIGKILL`") == \
+        "4.-Leaked-/dev/shm/torch_*-after-SIGKILL"
+    assert notebooks.anchor("Step 1 · 2*3*4 and a_b*c") == "Step-1-·-234-and-a_b*c"
+
+
+# JupyterLab's own Markdown renderer (marked, in its static bundle), run in node: the heading's
+# text as JupyterLab renders it, which createHeaderId turns into the id (spaces as dashes).
+MARKED = r"""
+globalThis.self = globalThis;
+const chunks = [];
+self.rspackChunk_jupyterlab_application_top = {push: (c) => chunks.push(c)};
+self.webpackChunk_jupyterlab_application_top = self.rspackChunk_jupyterlab_application_top;
+require(process.argv[1]);
+const r = (id) => { throw new Error('needs module ' + id); };
+r.r = () => {};
+r.d = (t, defs) => { for (const k in defs) Object.defineProperty(t, k, {get: defs[k]}); };
+const exp = {};
+for (const id in chunks[0][1]) chunks[0][1][id]({}, exp, r);
+const input = JSON.parse(require('fs').readFileSync(0, 'utf8'));
+console.log(JSON.stringify(input.map(m => exp.marked.parse('## ' + m))));
+"""
+
+
+def _marked_chunk():
+    static = Path(sys.prefix) / "share" / "jupyter" / "lab" / "static"
+    for path in sorted(static.glob("*.js")):
+        text = path.read_text(encoding="utf-8", errors="replace")
+        if "emStrongLDelim" in text and "pedantic:!1" in text and len(text) < 200_000:
+            return path
+    return None
+
+
+def test_every_heading_anchor_is_the_id_jupyterlab_renders():
+    node, chunk = shutil.which("node"), _marked_chunk()
+    if node is None or chunk is None:
+        pytest.skip("needs node and JupyterLab's static bundle (marked) in this environment")
+    found = [h for folder in (notebooks.NOTEBOOKS, notebooks.NOTEBOOKS / "zh")
+             for p in sorted(folder.glob("*.ipynb")) for h in notebooks.headings(p)]
+    found += ["Step 3 · `shm_open`, then **unlink** at once", "证据：子进程训练的是*父进程的*参数"]
+    out = subprocess.run([node, "-e", MARKED, str(chunk)], input=json.dumps(found),
+                         capture_output=True, text=True, timeout=60, check=True)
+    rendered = [html.unescape(re.sub(r"<[^>]+>", "", h)).strip().replace(" ", "-")
+                for h in json.loads(out.stdout)]
+    assert len(rendered) == len(found) > 400
+    wrong = [(h, r, notebooks.anchor(h)) for h, r in zip(found, rendered, strict=True)
+             if r != notebooks.anchor(h)]
+    assert not wrong, wrong
 
 
 def broken_chinese_links(cards, folder=notebooks.NOTEBOOKS) -> list:
