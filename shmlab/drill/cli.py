@@ -1,12 +1,13 @@
 """The terminal mode: `python -m shmlab drill` asks a few cards, you grade yourself.
 
 Each card: the question is printed; type your answer (or just think it) and press Enter; the
-answer, the common wrong answer and the notebook section that proves it are printed; grade it
+answer, the common wrong answer and the notebook section that proves it are printed (with
+SHMLAB_LANG=zh or --lang zh: in Chinese, and the section of the Chinese notebook); grade it
 1 again, 2 hard, 3 good, 4 easy (or the word), q to stop. State is saved after every grade (see
 shmlab.drill.state), so the next session picks up where this one stopped. Reads plain lines from
 stdin, so it can be scripted: `printf '\\n3\\n' | python -m shmlab drill --cards 1`. The prompts
 are in shmlab's language (``SHMLAB_LANG=zh``: Note [Which language a message is in]); ``--lang``
-chooses the cards' text.
+alone chooses the cards' text.
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..messages import tr
-from . import bank, export, state
+from ..messages import language, tr
+from . import bank, export, notebooks, state
 from .deck import Deck
 from .schedule import GRADES
 
@@ -25,7 +26,8 @@ KEYS = {"1": "again", "2": "hard", "3": "good", "4": "easy", **{g: g for g in GR
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m shmlab drill", description=__doc__.split("\n")[0])
     p.add_argument("--cards", type=int, default=5, help="cards this session (default 5)")
-    p.add_argument("--lang", choices=("en", "zh", "both"), default="both")
+    p.add_argument("--lang", choices=("en", "zh", "both"), default=None,
+                   help="default: zh where SHMLAB_LANG=zh (the Chinese edition), else both")
     p.add_argument("--question", action="append", choices=bank.QUESTIONS,
                    help="only cards of this handout question (repeatable)")
     p.add_argument("--seed", type=int, default=0, help="order of new cards (default 0)")
@@ -51,7 +53,9 @@ def ask(card, lang: str, read, out) -> str | None:
     print(f"\n{card.text('answer', lang)}", file=out)
     print(f"\n✗ {card.text('wrong', lang)}\n  → {card.text('why_wrong', lang)}", file=out)
     cites = tr(" (claims {claims})", claims=", ".join(card.claims)) if card.claims else ""
-    print("\n" + tr("see notebooks/{link}{cites}", link=card.link, cites=cites), file=out)
+    # from the repository's root, where this command runs: notebooks/zh/ in Chinese
+    link = notebooks.href(card.link, lang, here=notebooks.NOTEBOOKS.parent)
+    print("\n" + tr("see {link}{cites}", link=link, cites=cites), file=out)
     while True:
         line = read(tr("grade: 1 again, 2 hard, 3 good, 4 easy (q quits)> "))
         if line is None or line.strip().lower() in ("q", "quit"):
@@ -94,4 +98,8 @@ def main(argv=None, stdin=None, out=None) -> int:
     if args.progress:
         show_progress(deck, out)
         return 0
-    return drill(deck, args.lang, stdin, out)
+    try:
+        lang = args.lang or ("zh" if language() == "zh" else "both")
+    except ValueError as e:  # a bad SHMLAB_LANG
+        parser().error(str(e))
+    return drill(deck, lang, stdin, out)
