@@ -187,7 +187,7 @@ def test_the_terminal_mode_in_chinese_links_the_chinese_notebook(monkeypatch):
     rc, text = run_cli(["--cards", "1"], "\nq\n")
     (asked,) = [c for c in bank.load() if c.prompt["zh"] in text]
     assert asked.prompt["en"] not in text  # SHMLAB_LANG=zh: Chinese only, like the quiz
-    assert f"see notebooks/zh/{notebooks.zh_link(asked.link)}" in text
+    assert f"见 notebooks/zh/{notebooks.zh_link(asked.link)}" in text  # the prompts: Chinese
     monkeypatch.delenv("SHMLAB_LANG")
     rc, text = run_cli(["--cards", "1"], "\nq\n")
     assert f"see notebooks/{asked.link}" in text  # the English link, as before
