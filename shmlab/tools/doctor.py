@@ -55,7 +55,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--clean", action="store_true",
-                        help="remove leaked segments of ours that nobody uses (asks first)")
+                        help="remove leaked segments of yours that nobody uses (asks first)")
     parser.add_argument("--yes", action="store_true", help="with --clean: do not ask")
     parser.add_argument("--shm-dir", default=introspect.SHM_DIR,
                         help=f"the folder to look for segments in (default {introspect.SHM_DIR})")
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
                      skipped=len(cleaned["skipped"])), file=talk)
             findings = diagnose(args.shm_dir, args.min_age)  # report what is left
         elif not items:
-            print(tr("--clean: no leaked segment of ours is safe to remove"), file=talk)
+            print(tr("--clean: no leaked segment of yours is safe to remove"), file=talk)
     if args.json:
         print(json.dumps(report(findings, args.shm_dir, cleaned), indent=2))
     else:
