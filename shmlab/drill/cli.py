@@ -52,7 +52,8 @@ def ask(card, lang: str, read, out) -> str | None:
         return None
     print(f"\n{card.text('answer', lang)}", file=out)
     print(f"\n✗ {card.text('wrong', lang)}\n  → {card.text('why_wrong', lang)}", file=out)
-    cites = tr(" (claims {claims})", claims=", ".join(card.claims)) if card.claims else ""
+    sep = "、" if language() == "zh" else ", "  # a Chinese list takes the enumeration comma
+    cites = tr(" (claims {claims})", claims=sep.join(card.claims)) if card.claims else ""
     # from the repository's root, where this command runs: notebooks/zh/ in Chinese
     link = notebooks.href(card.link, lang, here=notebooks.NOTEBOOKS.parent)
     print("\n" + tr("see {link}{cites}", link=link, cites=cites), file=out)

@@ -58,8 +58,10 @@ def plain(markdown: str) -> str:
     """The text a reader sees: no `code` ticks, **bold**, *italics* or [link](targets).
 
     Code spans stay as written (`/dev/shm/torch_*` keeps its star). Outside them a star pair
-    around non-space text is emphasis wherever it stands, between 汉字 or digits too (*父进程的*,
-    2*3*4), as Markdown's flanking rules and JupyterLab's renderer have it; a lone star stays."""
+    around non-space text is taken as emphasis wherever it stands, between 汉字 or digits too
+    (*父进程的*, 2*3*4), as Markdown's flanking rules have it, except where a star touches
+    punctuation (`的*“x”*是` keeps its stars in CommonMark; no heading here has that); a lone
+    star stays."""
     text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", markdown)
     parts = re.split(r"`([^`]*)`", text)  # odd items: the code spans
     for i in range(0, len(parts), 2):

@@ -13,18 +13,21 @@ the same update as a single-process step on batch_size samples: synchronous, det
 Mirrors: the DDP tutorial's `demo_basic` (init_process_group, DDP, destroy_process_group).
 
 Note [A gloo rank leaves with os._exit]
-Every gloo collective keeps the thread-local state of the thread that issued it. Since torch 2.x
-`backward()` stashes the caller's `contextvars.Context` there (autograd/graph.py,
-`_engine_run_backward`), so each all-reduce DDP issues during backward holds a Python object.
-gloo's worker thread drops its finished work a moment *after* `wait()` has returned, and that
-drop takes the GIL. If the moment falls inside interpreter shutdown, taking the GIL ends the
-thread from inside a `noexcept` destructor: `std::terminate`, "terminate called without an
-active exception", SIGABRT, exit code -6 (pytorch/pytorch#179291). A rank that has finished
-its work therefore leaves with `os._exit(0)` (`leave_rank`) after destroying the process group
-and flushing what it put on its queue: no interpreter shutdown, nothing to race. A forked rank
-leaves with `os._exit` anyway (multiprocessing's fork children do); spawn children and torchrun
-ranks otherwise end in `sys.exit`. Seen about once in 15 torchrun runs on a loaded 2-core box,
-with a core dump showing the gloo thread in `~AsyncAllreduceWork` freeing a `_contextvars.Context`.
+Every gloo collective keeps the thread-local state of the thread that issued it. Since torch
+2.12 (pytorch/pytorch#173568) `backward()` stashes the caller's `contextvars.Context` there
+(autograd/graph.py, `_engine_run_backward`), so each all-reduce DDP issues during backward holds
+a Python object. gloo's worker thread frees a finished work (when it holds the last reference) a
+moment *after* `wait()` has returned, and that free takes the GIL. If it starts taking the GIL
+just as interpreter shutdown begins, CPython up to 3.13 ends the thread with `pthread_exit`
+inside a `noexcept` destructor: `std::terminate`, "terminate called without an active
+exception", SIGABRT, exit code -6 (the stack of pytorch/pytorch#190489; 3.14 blocks such a
+thread instead, CPython gh-87135). `destroy_process_group` does not stop gloo's threads (gloo
+has no shutdown; they live while DDP's reducer holds the group). So a finished rank leaves with
+`os._exit(0)` (`leave_rank`) after destroying the process group and flushing what it put on its
+queue: no interpreter shutdown, nothing to race. Fork and forkserver children leave with
+`os._exit` anyway; spawn children (`spawn_main` calls `sys.exit`) and torchrun ranks (the script
+returns) end in a normal interpreter shutdown. Evidence: a core dump of an aborted torchrun rank
+shows the gloo thread in `~AsyncAllreduceWork` freeing a `_contextvars.Context`.
 """
 
 from __future__ import annotations
