@@ -35,6 +35,7 @@ import sys
 
 from . import wire
 
+
 class Server:
     """The handle table and the operations the check process may ask for."""
 
