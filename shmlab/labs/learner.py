@@ -150,9 +150,8 @@ def main(privilege: str) -> None:
         try:
             result = server.serve(request, send)
             reply = {"r": wire.encode(result, server.handle)}
-        except BaseException as exc:  # the learner's, crossing as a builtin (Note [Only plain
-            reply = {"e": wire.encode_error(exc),  # data crosses])
-                     "tb": _learner_traceback(exc)[-4000:]}
+        except BaseException as exc:  # Note [Only plain data crosses]: as a builtin
+            reply = {"e": wire.encode_error(exc), "tb": _learner_traceback(exc)[-4000:]}
         del result
         try:
             send(reply)
