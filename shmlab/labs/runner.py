@@ -23,6 +23,11 @@ The runner
 4. writes one JSON line per event to FD (``{"cell": label}`` before each cell, then
    ``{"verdict": {...}}``) and leaves with ``os._exit``, so no learner thread or atexit hook
    runs after the verdict.
+
+That is the old path, where the check shares the learner's process. For a lab in
+``grade.OUTSIDE`` (``job["outside"]``) the runner is a check process instead
+(``outside.run_outside``): the same cells, run by ``run_cells`` in a learner's process it
+starts, and the test here (Note [The verdict outside the learner's process]).
 """
 
 from __future__ import annotations
