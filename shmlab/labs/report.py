@@ -161,16 +161,17 @@ def _install_hints() -> None:
 _install_hints()
 
 
-def fd_count() -> int:
-    """Open fds of this process, less the /proc files a poller (``_Family``) holds for a moment.
+def fd_count(pid: int | None = None) -> int:
+    """Open fds of this process (or of ``pid``, read from outside), less the /proc files a
+    poller (``_Family``) holds for a moment.
 
     Checks compare two counts around the learner's call; a /proc read in another thread must
     not look like a leak.
     """
-    n = 0
-    for fd in os.listdir("/proc/self/fd"):
+    n, where = 0, f"/proc/{pid or 'self'}/fd"
+    for fd in os.listdir(where):
         try:
-            link = os.readlink(f"/proc/self/fd/{fd}")
+            link = os.readlink(f"{where}/{fd}")
             # "/proc" itself: psutil's listdir("/proc") in the poller holds a directory fd
             n += not (link == "/proc" or link.startswith("/proc/"))
         except OSError:
