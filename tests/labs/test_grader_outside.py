@@ -112,18 +112,21 @@ def pickle_size(n):
     os._exit(0)
 '''
 
-CHEATS = {"always-equal float": ("ex1_point_reducer", ALWAYS_EQUAL),
-          "self-restoring patch": ("ex3_pickle_size", SELF_RESTORING),
-          "Cases through frames": ("ex3_pickle_size", FRAMES),
-          "Cases through gc": ("ex3_pickle_size", GC),
-          "forged messages": ("ex3_pickle_size", FORGED)}
+CHEATS = {"always-equal float": (LAB, "ex1_point_reducer", ALWAYS_EQUAL),
+          "self-restoring patch": (LAB, "ex3_pickle_size", SELF_RESTORING),
+          "Cases through frames": (LAB, "ex3_pickle_size", FRAMES),
+          "Cases through gc": (LAB, "ex3_pickle_size", GC),
+          "forged messages": (LAB, "ex3_pickle_size", FORGED),
+          "lab 2 forged messages": ("lab2_file_descriptors", "ex1_unlinked_segment",
+                                    FORGED.replace("pickle_size(n)",
+                                                   "create_unlinked_segment(size)"))}
 
 
 @pytest.mark.parametrize("cheat", CHEATS, ids=list(CHEATS))
 def test_a_cheat_on_the_check_scores_on_the_old_path_and_zero_outside(cheat, tmp_path,
                                                                        monkeypatch):
-    gid, code = CHEATS[cheat]
-    path = notebook(LAB, {gid: code}, tmp_path)
+    lab, gid, code = CHEATS[cheat]
+    path = notebook(lab, {gid: code}, tmp_path)
     only = {f"test_{gid}"}
     (outside,) = grade.grade(path, only=only).exercises
     assert outside.score == 0, outside
