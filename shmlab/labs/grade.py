@@ -115,7 +115,8 @@ from .release import SOURCE, nbgrader_meta, release_cell
 # The labs whose verdict comes from a check process the learner's code cannot reach (Note [The
 # verdict outside the learner's process], in ``outside``); the others run the check in the
 # learner's process still. A Chinese copy has its English twin's name.
-OUTSIDE = {"lab1_reducers.ipynb", "lab2_file_descriptors.ipynb"}
+OUTSIDE = {"lab1_reducers.ipynb", "lab2_file_descriptors.ipynb",
+           "lab3_file_system_refcount.ipynb"}
 _RUNNER = "import sys; del sys.path[0]; from shmlab.labs.runner import main; main()"
 
 
