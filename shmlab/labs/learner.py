@@ -14,7 +14,8 @@ reply per line on WFD:
 * ``cells``: run the job's cells as the runner does (``runner.run_cells``), streaming
   ``{"cell": label}`` before each; the reply is the exercise's failure, or None;
 * ``names``: the notebook's names, as data or handles;
-* ``call``, ``getattr``, ``getitem``, ``len``, ``iter``, ``next``, ``callable``, ``repr``: one
+* ``call``, ``getattr``, ``getitem``, ``bool``, ``len``, ``iter``, ``next``, ``callable``,
+  ``repr``: one
   operation on an object a handle names;
 * ``run``: a routine of the check modules (``shmlab.*``, named ``module:qualname``) called with
   the arguments given, e.g. ``report.run_in_child`` to fork a child that runs the learner's
@@ -90,6 +91,8 @@ class Server:
             return getattr(target, request["name"])
         if op == "getitem":
             return target[args[0]]
+        if op == "bool":
+            return bool(target)
         if op == "len":
             return len(target)
         if op == "iter":

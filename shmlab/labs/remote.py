@@ -126,8 +126,8 @@ class Learner:
 
 
 class Proxy:
-    """An object of the learner's process: calls, attributes, ``len``, indexing, iteration,
-    ``with`` and ``close`` are forwarded; it equals only itself (Note [Only plain data
+    """An object of the learner's process: calls, attributes, truth, ``len``, indexing,
+    iteration, ``with`` and ``close`` are forwarded; it equals only itself (Note [Only plain data
     crosses])."""
 
     def __init__(self, learner: Learner, handle: int):
@@ -141,6 +141,12 @@ class Proxy:
     def __call__(self, *args, **kwargs):
         return self._learner.request("call", *args, h=self._handle,
                                      kwargs=wire.encode(kwargs, self._learner._ref))
+
+    def __bool__(self) -> bool:
+        truth = self._learner.request("bool", h=self._handle)
+        if type(truth) is not bool:
+            raise TypeError("bool() of your object is not a bool")
+        return truth
 
     def __len__(self) -> int:
         n = self._learner.request("len", h=self._handle)
