@@ -30,8 +30,8 @@ not the careful ones. On this path:
   itself (the random inputs, the right values) and compares; where it can, it reads the
   outcome from outside (``/proc/<pid>/fd``, ``/dev/shm``) instead.
 
-``runner.run`` takes this path for the labs in ``grade.OUTSIDE``; the others still run the old
-way (the grader's Note says which). In a notebook the check cells call the same checks on the
+``runner.run`` takes this path for the labs in ``grade.OUTSIDE`` (all five); a lab missing
+there runs the old way. In a notebook the check cells call the same checks on the
 real objects (``remote.LOCAL``): the learner's own feedback, not a grade.
 """
 

@@ -1,7 +1,7 @@
 """The verdict outside the learner's process (issue 27, item 3): cheats that reach the check.
 
-Each cheat below scores marks on the old path (the check in the learner's process, which the
-labs not in ``grade.OUTSIDE`` still take) and 0 on the new one (Note [The verdict outside the
+Each cheat below scores marks on the old path (the check in the learner's process, which a
+lab missing from ``grade.OUTSIDE`` takes) and 0 on the new one (Note [The verdict outside the
 learner's process], in ``shmlab.labs.outside``). Each test grades the same notebook both ways.
 """
 
