@@ -43,6 +43,7 @@ import ctypes
 import io
 import types
 
+from ..messages import tr
 from . import remote, runner
 
 PR_SET_DUMPABLE = 4
@@ -73,6 +74,13 @@ def _check_namespace(cells: list, learner: remote.Learner) -> dict:
     return ns
 
 
+def _status(learner: remote.Learner):
+    try:
+        return learner.proc.wait(timeout=2)
+    except Exception:  # noqa: BLE001 - it closed its pipe but lives on: no status to give
+        return None
+
+
 def run_outside(job: dict, out, send, stream_failed_cases) -> dict:
     """``runner.run`` for a lab in ``grade.OUTSIDE``: the verdict, computed in this process."""
     stream_failed_cases(out)
@@ -81,9 +89,20 @@ def run_outside(job: dict, out, send, stream_failed_cases) -> dict:
     if learner.isolation:
         print(f"note: your code's process could not enter a user namespace of its own "
               f"({learner.isolation})")
+    current = ["start-up"]
+
+    def on_cell(label: str) -> None:
+        current[0] = label
+        send(out, {"cell": label})
+
     try:
-        failure = learner.request("cells", cells=job["cells"],
-                                  on_cell=lambda label: send(out, {"cell": label}))
+        try:
+            failure = learner.request("cells", cells=job["cells"], on_cell=on_cell)
+        except remote.LearnerDied:
+            return {"passed": False, "traceback": "", "reason": tr(
+                "the process died (exit status {status}) while running {cell}, before the "
+                "check finished: os._exit, a crash or a kill scores 0",
+                status=_status(learner), cell=current[0])}
         if failure is not None:
             failure = failure if type(failure) is dict else {}
             return {"passed": False, "reason": str(failure.get("reason", "a cell failed")),

@@ -29,6 +29,10 @@ _START = ("import sys, importlib.util as u; s = u.spec_from_file_location('_sand
           "why = m.own_user_namespace(); from shmlab.labs.learner import main; main(why)")
 
 
+class LearnerDied(RuntimeError):
+    """The learner's process ended while the check waited for its reply."""
+
+
 class Learner:
     """The learner's process (``learner.main``), started by and driven from the check process."""
 
@@ -51,8 +55,10 @@ class Learner:
     def _read(self) -> dict:
         line = self._in.readline()
         if not line:
-            raise RuntimeError("your code's process ended (os._exit, a crash or a kill) "
+            died = LearnerDied("your code's process ended (os._exit, a crash or a kill) "
                                "while the check was waiting for it")
+            died.shmlab_learner_traceback = ""  # what ended it was the learner's code
+            raise died
         return json.loads(line)
 
     def _send(self, request: dict) -> None:
