@@ -1,10 +1,13 @@
 """The terminal mode: `python -m shmlab drill` asks a few cards, you grade yourself.
 
 Each card: the question is printed; type your answer (or just think it) and press Enter; the
-answer, the common wrong answer and the notebook section that proves it are printed; grade it
+answer, the common wrong answer and the notebook section that proves it are printed (with
+SHMLAB_LANG=zh or --lang zh: in Chinese, and the section of the Chinese notebook); grade it
 1 again, 2 hard, 3 good, 4 easy (or the word), q to stop. State is saved after every grade (see
 shmlab.drill.state), so the next session picks up where this one stopped. Reads plain lines from
-stdin, so it can be scripted: `printf '\\n3\\n' | python -m shmlab drill --cards 1`.
+stdin, so it can be scripted: `printf '\\n3\\n' | python -m shmlab drill --cards 1`. The prompts
+are in shmlab's language (``SHMLAB_LANG=zh``: Note [Which language a message is in]); ``--lang``
+alone chooses the cards' text.
 """
 
 from __future__ import annotations
@@ -12,7 +15,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import bank, export, state
+from ..messages import language, tr
+from . import bank, export, notebooks, state
 from .deck import Deck
 from .schedule import GRADES
 
@@ -22,7 +26,8 @@ KEYS = {"1": "again", "2": "hard", "3": "good", "4": "easy", **{g: g for g in GR
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m shmlab drill", description=__doc__.split("\n")[0])
     p.add_argument("--cards", type=int, default=5, help="cards this session (default 5)")
-    p.add_argument("--lang", choices=("en", "zh", "both"), default="both")
+    p.add_argument("--lang", choices=("en", "zh", "both"), default=None,
+                   help="default: zh where SHMLAB_LANG=zh (the Chinese edition), else both")
     p.add_argument("--question", action="append", choices=bank.QUESTIONS,
                    help="only cards of this handout question (repeatable)")
     p.add_argument("--seed", type=int, default=0, help="order of new cards (default 0)")
@@ -36,25 +41,29 @@ def show_progress(deck: Deck, out) -> None:
     for question, row in deck.progress().items():
         bar = "#" * row["known"] + "+" * (row["seen"] - row["known"])
         bar += "." * (row["total"] - row["seen"])
-        print(f"{question:>6} {bar} {row['known']}/{row['total']} known", file=out)
+        print(f"{question:>6} {bar} " + tr("{known}/{total} known", known=row["known"],
+                                             total=row["total"]), file=out)
 
 
 def ask(card, lang: str, read, out) -> str | None:
     """One card; returns the grade, or None if the learner quits (q or end of input)."""
     print(f"\n[{card.question} · {card.level}] {card.text('prompt', lang)}", file=out)
-    if read("your answer (Enter to reveal)> ") is None:
+    if read(tr("your answer (Enter to reveal)> ")) is None:
         return None
     print(f"\n{card.text('answer', lang)}", file=out)
     print(f"\n✗ {card.text('wrong', lang)}\n  → {card.text('why_wrong', lang)}", file=out)
-    cites = f" (claims {', '.join(card.claims)})" if card.claims else ""
-    print(f"\nsee notebooks/{card.link}{cites}", file=out)
+    sep = "、" if language() == "zh" else ", "  # a Chinese list takes the enumeration comma
+    cites = tr(" (claims {claims})", claims=sep.join(card.claims)) if card.claims else ""
+    # from the repository's root, where this command runs: notebooks/zh/ in Chinese
+    link = notebooks.href(card.link, lang, here=notebooks.NOTEBOOKS.parent)
+    print("\n" + tr("see {link}{cites}", link=link, cites=cites), file=out)
     while True:
-        line = read("grade: 1 again, 2 hard, 3 good, 4 easy (q quits)> ")
+        line = read(tr("grade: 1 again, 2 hard, 3 good, 4 easy (q quits)> "))
         if line is None or line.strip().lower() in ("q", "quit"):
             return None
         if line.strip().lower() in KEYS:
             return KEYS[line.strip().lower()]
-        print("type 1, 2, 3 or 4", file=out)
+        print(tr("type 1, 2, 3 or 4"), file=out)
 
 
 def drill(deck: Deck, lang: str, stdin, out) -> int:
@@ -69,7 +78,8 @@ def drill(deck: Deck, lang: str, stdin, out) -> int:
             break
         deck.grade(grade)
     deck.save()
-    print(f"\n{deck.answered} card(s) graded; saved to {state.path()}", file=out)
+    print("\n" + tr("{n} card(s) graded; saved to {path}", n=deck.answered,
+                    path=state.path()), file=out)
     show_progress(deck, out)
     return 0
 
@@ -83,10 +93,14 @@ def main(argv=None, stdin=None, out=None) -> int:
         if kind not in writers:
             parser().error("--export takes csv or anki")
         n = writers[kind](bank.load(), path)
-        print(f"wrote {n} cards to {path}", file=out)
+        print(tr("wrote {n} cards to {path}", n=n, path=path), file=out)
         return 0
     deck = Deck(seed=args.seed, questions=args.question, limit=args.cards)
     if args.progress:
         show_progress(deck, out)
         return 0
-    return drill(deck, args.lang, stdin, out)
+    try:
+        lang = args.lang or ("zh" if language() == "zh" else "both")
+    except ValueError as e:  # a bad SHMLAB_LANG
+        parser().error(str(e))
+    return drill(deck, lang, stdin, out)

@@ -6,9 +6,10 @@
     print(quiz.text()) # the same card as plain text (no front end needed)
 
 Reveal shows the answer, the common wrong answer and why it is wrong, and a link to the notebook
-section that proves the answer; then the four grade buttons schedule the card (shmlab.drill.
-schedule) and the state is saved at once (shmlab.drill.state), so a reloaded notebook shows the
-same progress. The chart has one bar per handout question: known (box 3 and up), seen, not seen.
+section that proves the answer (in 中文 mode, the same section of the Chinese notebook); then
+the four grade buttons schedule the card (shmlab.drill.schedule) and the state is saved at once
+(shmlab.drill.state), so a reloaded notebook shows the same progress. The chart has one bar per
+handout question: known (box 3 and up), seen, not seen.
 Every part carries a `shmlab-drill-*` CSS class, which the browser test clicks and reads.
 """
 
@@ -20,6 +21,7 @@ import re
 import ipywidgets as w
 
 from ..messages import N_, language, tr
+from . import notebooks
 from .bank import QUESTIONS
 from .deck import Deck
 from .schedule import GRADES
@@ -103,7 +105,7 @@ class Quiz:
         if self.revealed if reveal is None else reveal:
             lines += ["", card.text("answer", self.lang), "",
                       f"✗ {card.text('wrong', self.lang)}",
-                      f"  → {card.text('why_wrong', self.lang)}", "", f"see {card.link}"]
+                      f"  → {card.text('why_wrong', self.lang)}", "", f"see {self._href(card)}"]
         return "\n".join(lines)
 
     def _progress_line(self) -> str:
@@ -196,13 +198,20 @@ class Quiz:
         if not self.revealed:
             self.answer_box.value = ""
 
+    def _href(self, card) -> str:
+        """The card's heading, from the notebook the quiz runs in: the Chinese notebook's
+        heading in 中文 mode (Note [A card's link in Chinese]), else the English one."""
+        return notebooks.href(card.link, self.lang)
+
     def _answer_html(self, card) -> str:
+        link = self._href(card)
+        path, _, fragment = link.partition("#")
         return (f"<div>{_html(card.text('answer', self.lang))}</div>"
                 f"<p style='{_WRONG}'>✗ {_html(card.text('wrong', self.lang))}<br>"
                 f"→ {_html(card.text('why_wrong', self.lang))}</p>"
-                f"<p><a href='{html.escape(card.link)}' target='_blank'>"
-                f"{html.escape(card.link.split('#')[0])} § "
-                f"{html.escape(card.link.split('#', 1)[1].replace('-', ' '))}</a></p>")
+                f"<p><a href='{html.escape(link)}' target='_blank'>"
+                f"{html.escape(path.rsplit('/', 1)[-1])} § "
+                f"{html.escape(fragment.replace('-', ' '))}</a></p>")
 
     def _ipython_display_(self):
         from IPython.display import display

@@ -9,6 +9,25 @@ the same update as a single-process step on batch_size samples: synchronous, det
 
     python -m shmlab.examples.ddp                     # run_ddp(): torch.multiprocessing.spawn
     torchrun --standalone --nproc_per_node=2 -m shmlab.examples.ddp
+
+Mirrors: the DDP tutorial's `demo_basic` (init_process_group, DDP, destroy_process_group).
+
+Note [A gloo rank leaves with os._exit]
+Every gloo collective keeps the thread-local state of the thread that issued it. Since torch
+2.12 (pytorch/pytorch#173568) `backward()` stashes the caller's `contextvars.Context` there
+(autograd/graph.py, `_engine_run_backward`), so each all-reduce DDP issues during backward holds
+a Python object. gloo's worker thread frees a finished work (when it holds the last reference) a
+moment *after* `wait()` has returned, and that free takes the GIL. If it starts taking the GIL
+just as interpreter shutdown begins, CPython up to 3.13 ends the thread with `pthread_exit`
+inside a `noexcept` destructor: `std::terminate`, "terminate called without an active
+exception", SIGABRT, exit code -6 (the stack of pytorch/pytorch#190489; 3.14 blocks such a
+thread instead, CPython gh-87135). `destroy_process_group` does not stop gloo's threads (gloo
+has no shutdown; they live while DDP's reducer holds the group). So a finished rank leaves with
+`os._exit(0)` (`leave_rank`) after destroying the process group and flushing what it put on its
+queue: no interpreter shutdown, nothing to race. Fork and forkserver children leave with
+`os._exit` anyway; spawn children (`spawn_main` calls `sys.exit`) and torchrun ranks (the script
+returns) end in a normal interpreter shutdown. Evidence: a core dump of an aborted torchrun rank
+shows the gloo thread in `~AsyncAllreduceWork` freeing a `_contextvars.Context`.
 """
 
 from __future__ import annotations
@@ -18,6 +37,7 @@ import importlib
 import os
 import queue as queue_mod
 import socket
+import sys
 import time
 
 import torch
@@ -56,6 +76,24 @@ def worker(rank, world, cfg: TrainConfig, init_method="env://", queue=None, data
         return msg
     finally:
         dist.destroy_process_group()
+
+
+def leave_rank(queue=None):
+    """End this rank's process now, without interpreter shutdown: Note [A gloo rank leaves with
+    os._exit]. Call it last, after `destroy_process_group`; `queue` is flushed first (os._exit
+    skips the queue's feeder thread, so what was put could be lost)."""
+    if queue is not None:
+        queue.close()
+        queue.join_thread()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def spawned_worker(rank, world, cfg, init_method, queue, data=None):
+    """`mp.spawn`'s target: one rank, then `leave_rank`."""
+    worker(rank, world, cfg, init_method, queue, data)
+    leave_rank(queue)
 
 
 def _train(rank, world, model, optimizer, data, cfg, queue):
@@ -126,9 +164,10 @@ def run_ddp(nprocs=2, epochs=10, target_accuracy=0.95, on_metric=None, *, data=N
     # Under spawn, `data` goes through torch's reducers: its tensors move to shared memory.
     args = (nprocs, cfg, init, q, data)
     if start_method == "spawn":  # what the lesson shows; spawn() = start_processes("spawn")
-        pc = mp.spawn(worker, args=args, nprocs=nprocs, join=False)
+        pc = mp.spawn(spawned_worker, args=args, nprocs=nprocs, join=False)
     else:
-        pc = mp.start_processes(worker, args, nprocs, join=False, start_method=start_method)
+        pc = mp.start_processes(spawned_worker, args, nprocs, join=False,
+                                start_method=start_method)
     col = MetricCollector(cfg, on_metric, _total_steps(len(data.x_train), nprocs, cfg), progress)
     done = {}
     try:
@@ -181,6 +220,7 @@ def _torchrun_main(cfg):
             wall_time=time.monotonic() - wall_start,
             samples=sum(m["samples"] for m in col.metrics), metrics=col.metrics)
         print(result.summary(), flush=True)
+    leave_rank()
 
 
 def main(argv=None):

@@ -3,12 +3,18 @@
 ``LivePlot`` is one figure updated in place from an ``on_metric`` callback: training loss and
 test accuracy per process against time. A white figure with dark text reads in light and dark
 themes; the display is replaced (``display_id``), not appended, so it neither flickers nor
-scrolls. ``accuracy_curve`` and ``plot_accuracy`` draw the finished runs the same way.
+scrolls. ``accuracy_curve`` and ``plot_accuracy`` draw the finished runs the same way. Their
+labels are Chinese in the Chinese edition when a CJK font is installed
+(Note [A figure's language needs a CJK font]).
+
+Mirrors: nothing in torch; torch's examples plot with matplotlib (or TensorBoard) in the script.
 """
 
 from __future__ import annotations
 
 import time
+
+from ..messages import figure_language, tr
 
 
 def _plt():
@@ -19,7 +25,7 @@ def _plt():
 
 def fmt_seconds(t) -> str:
     """A time-to-target for a table: "1.23 s", or "not reached"."""
-    return "not reached" if t is None else f"{t:.2f} s"
+    return tr("not reached") if t is None else f"{t:.2f} s"
 
 
 def accuracy_curve(metrics) -> tuple[list, list]:
@@ -30,17 +36,22 @@ def accuracy_curve(metrics) -> tuple[list, list]:
 
 def plot_accuracy(ax, hogwild_run, other_run, other_label: str, target: float) -> None:
     """Test accuracy against time: one line per Hogwild process, one for `other_run`."""
+    lang = figure_language()
     for rank, ms in hogwild_run.per_process().items():
-        ax.plot(*accuracy_curve(ms), ".-", lw=1, label=f"Hogwild process {rank}")
+        ax.plot(*accuracy_curve(ms), ".-", lw=1,
+                label=tr("Hogwild process {rank}", lang, rank=rank))
     ax.plot(*accuracy_curve(other_run.metrics), ".-", lw=1, color="black", label=other_label)
     ax.axhline(target, color="0.4", ls="--", lw=1)
-    ax.set(xlabel="seconds since training started", ylabel="test accuracy", ylim=(0.5, 1.0))
+    ax.set(xlabel=tr("seconds since training started", lang),
+           ylabel=tr("test accuracy", lang), ylim=(0.5, 1.0))
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
 
 
 def white_figure(*args, **kwargs):
-    """``plt.subplots`` in the default style on a white background (light and dark themes)."""
+    """``plt.subplots`` in the default style on a white background (light and dark themes);
+    in the Chinese edition with a CJK font configured, for labels a notebook writes in Chinese."""
+    figure_language()
     plt = _plt()
     with plt.style.context("default"):
         return plt.subplots(*args, facecolor="white", layout="constrained", **kwargs)
@@ -56,14 +67,16 @@ class LivePlot:
     def __init__(self, title: str, target: float, every: float = 0.5):
         from IPython.display import display
 
+        self.lang = figure_language()
         self.fig, (self.ax_loss, self.ax_acc) = white_figure(1, 2, figsize=(9.5, 3.2))
-        for ax, label in ((self.ax_loss, "training loss (batch)"),
-                          (self.ax_acc, "test accuracy")):
+        for ax, label in ((self.ax_loss, tr("training loss (batch)", self.lang)),
+                          (self.ax_acc, tr("test accuracy", self.lang))):
             ax.set_facecolor("white")
-            ax.set_xlabel("seconds since training started")
+            ax.set_xlabel(tr("seconds since training started", self.lang))
             ax.set_title(label, fontsize=10)
             ax.grid(alpha=0.3)
-        self.ax_acc.axhline(target, color="0.4", ls="--", lw=1, label=f"target {target:.0%}")
+        self.ax_acc.axhline(target, color="0.4", ls="--", lw=1,
+                            label=tr("target {target:.0%}", self.lang, target=target))
         self.fig.suptitle(title, fontsize=11)
         self.lines, self.every, self.last = {}, every, 0.0
         self.handle = display(self.fig, display_id=True)
@@ -78,7 +91,7 @@ class LivePlot:
 
     def add(self, m, name=None, **style) -> None:
         """Add one metric message; redraw at most every `every` seconds."""
-        name = name or f"process {m['rank']}"
+        name = name or tr("process {rank}", self.lang, rank=m["rank"])
         _, xs, ys = self._line(name, self.ax_loss, name, lw=1, **style)
         xs.append(m["time"])
         ys.append(m["loss"])

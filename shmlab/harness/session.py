@@ -67,8 +67,9 @@ def versions() -> str:
 
     import shmlab
 
-    return (f"torch {torch.__version__}, shmlab {shmlab.__version__}, "
-            f"Python {platform.python_version()}, {os.cpu_count()} CPUs")
+    return tr("torch {torch}, shmlab {shmlab}, Python {python}, {cpus} CPUs",
+              torch=torch.__version__, shmlab=shmlab.__version__,
+              python=platform.python_version(), cpus=os.cpu_count())
 
 
 def training_kernel() -> None:

@@ -157,8 +157,9 @@ def translated_count(po) -> int:
 
 # The messages shmlab prints (shmlab.messages): the tr("...") calls of the package.
 MESSAGES = Path("shmlab/messages")
-# The calls whose first argument is a message: tr("..."), N_("...") and the quiz's _ui("...").
-MARKERS = {"tr", "N_", "_ui"}
+# The calls whose first argument is a message: tr("...") (tr_ where `tr` names a Trace), N_("...")
+# and the quiz's _ui("...").
+MARKERS = {"tr", "tr_", "N_", "_ui"}
 
 
 def package_messages(root=".") -> dict[str, list[str]]:

@@ -18,6 +18,7 @@ import sys
 from dataclasses import dataclass, field
 
 from .. import introspect
+from ..messages import N_, tr
 
 SEVERITIES = ("ok", "info", "warn", "error")  # warn and error need action: exit status 1
 LOW_FD_LIMIT = 4096  # the same line notebook 00 draws: a DataLoader with workers needs more
@@ -57,25 +58,29 @@ def versions() -> list[Finding]:
         import numpy
         import torch
     except ImportError as exc:  # the doctor must still run to say what is missing
-        return [Finding("versions", "error", f"cannot import {exc.name}",
-                        f"pip install -e . (in the repository), or pip install {exc.name}")]
+        return [Finding("versions", "error", tr("cannot import {name}", name=exc.name),
+                        tr("pip install -e . (in the repository), or pip install {name}",
+                           name=exc.name))]
     found.update(torch=torch.__version__, cuda=torch.version.cuda, numpy=numpy.__version__)
-    build = f"CUDA {torch.version.cuda} build" if torch.version.cuda else "CPU-only build"
+    build = (tr("CUDA {cuda} build", cuda=torch.version.cuda) if torch.version.cuda
+             else tr("CPU-only build"))
     return [Finding("versions", "ok" if sys.version_info >= (3, 10) else "warn",
-                    f"Python {found['python']}, torch {found['torch']} ({build}), "
-                    f"numpy {found['numpy']}",
-                    None if sys.version_info >= (3, 10) else "use Python 3.10 or newer",
+                    tr("Python {python}, torch {torch} ({build}), numpy {numpy}",
+                       python=found["python"], torch=found["torch"], build=build,
+                       numpy=found["numpy"]),
+                    None if sys.version_info >= (3, 10) else tr("use Python 3.10 or newer"),
                     found)]
 
 
 def _start_why(method: str) -> str:
     if sys.platform == "darwin":
-        return "macOS defaults to spawn since Python 3.8 (fork is unsafe with its system libraries)"
+        return tr("macOS defaults to spawn since Python 3.8 (fork is unsafe with its system "
+                  "libraries)")
     if method == "forkserver":
-        return ("Python 3.14 made forkserver Linux's default: fork copies the parent's threads' "
-                "locks in whatever state they were in")
-    return ("fork is Linux's default before Python 3.14: quick, but CUDA cannot be used in a "
-            "forked child")
+        return tr("Python 3.14 made forkserver Linux's default: fork copies the parent's "
+                  "threads' locks in whatever state they were in")
+    return tr("fork is Linux's default before Python 3.14: quick, but CUDA cannot be used in a "
+              "forked child")
 
 
 def start_method() -> list[Finding]:
@@ -83,8 +88,9 @@ def start_method() -> list[Finding]:
     default = multiprocessing.get_all_start_methods()[0]  # documented: the first is the default
     chosen = multiprocessing.get_start_method(allow_none=True)  # None: nobody set one yet
     now = chosen or default
-    text = f"start method {now}" + ("" if chosen is None else f" (set; default {default})")
-    return [Finding("start_method", "ok", f"{text}: {_start_why(default)}",
+    text = tr("start method {method}", method=now) + (
+        "" if chosen is None else tr(" (set; default {default})", default=default))
+    return [Finding("start_method", "ok", tr("{text}: {why}", text=text, why=_start_why(default)),
                     details={"default": default, "set": chosen, "python": platform.python_version(),
                              "platform": sys.platform})]
 
@@ -96,11 +102,12 @@ def sharing_strategy() -> list[Finding]:
     except ImportError:
         return []  # versions() already said torch is missing
     strategy = torch_mp.get_sharing_strategy()
-    why = ("file_descriptor: each shared storage is an fd, freed with the last one (nothing to "
-           "leak in /dev/shm, but one fd per received tensor)" if strategy == "file_descriptor"
-           else "file_system: each shared storage is a named /dev/shm file that torch_shm_manager "
-                "unlinks after a crash")
-    return [Finding("sharing_strategy", "ok", f"sharing strategy {why}",
+    why = (tr("file_descriptor: each shared storage is an fd, freed with the last one (nothing "
+              "to leak in /dev/shm, but one fd per received tensor)")
+           if strategy == "file_descriptor"
+           else tr("file_system: each shared storage is a named /dev/shm file that "
+                   "torch_shm_manager unlinks after a crash"))
+    return [Finding("sharing_strategy", "ok", tr("sharing strategy {why}", why=why),
                     details={"strategy": strategy,
                              "available": sorted(torch_mp.get_all_sharing_strategies())})]
 
@@ -120,8 +127,9 @@ def fd_limit(limits: introspect.Limits | None = None) -> list[Finding]:
     soft, hard = limits.nofile_soft, limits.nofile_hard
     inf = resource.RLIM_INFINITY
     details = {"soft": soft, "hard": hard, "recommended": LOW_FD_LIMIT}
-    shown = f"ulimit -n is {'unlimited' if soft == inf else f'{soft:,}'} (hard limit " \
-            f"{'unlimited' if hard == inf else f'{hard:,}'})"
+    shown = tr("ulimit -n is {soft} (hard limit {hard})",
+               soft=tr("unlimited") if soft == inf else f"{soft:,}",
+               hard=tr("unlimited") if hard == inf else f"{hard:,}")
     if soft == inf or soft >= LOW_FD_LIMIT:
         return [Finding("fd_limit", "ok", shown, details=details)]
     # Anyone may raise the soft limit up to the hard one; only root may raise the hard one.
@@ -134,14 +142,16 @@ def fd_limit(limits: introspect.Limits | None = None) -> list[Finding]:
         details["python_fix"] = (f"resource.setrlimit(resource.RLIMIT_NOFILE, ({target}, "
                                  f"{'resource.RLIM_INFINITY' if hard == inf else hard}))")
         return [Finding("fd_limit", "warn",
-                        f"{shown}: with file_descriptor each received tensor holds one fd, so "
-                        f"~{soft:,} tensors in flight end in 'Too many open files'; raise it "
-                        "in the shell that starts Python", f"ulimit -n {target}", details)]
+                        tr("{shown}: with file_descriptor each received tensor holds one fd, "
+                           "so ~{soft:,} tensors in flight end in 'Too many open files'; raise "
+                           "it in the shell that starts Python", shown=shown, soft=soft),
+                        f"ulimit -n {target}", details)]
     return [Finding("fd_limit", "warn",
-                    f"{shown}: the hard limit is no higher, so only root can raise it",
-                    "as root: /etc/security/limits.conf `nofile`, `docker run --ulimit "
-                    "nofile=65536:65536`, systemd LimitNOFILE=; or torch.multiprocessing."
-                    "set_sharing_strategy('file_system')", details)]
+                    tr("{shown}: the hard limit is no higher, so only root can raise it",
+                       shown=shown),
+                    tr("as root: /etc/security/limits.conf `nofile`, `docker run --ulimit "
+                       "nofile=65536:65536`, systemd LimitNOFILE=; or torch.multiprocessing."
+                       "set_sharing_strategy('file_system')"), details)]
 
 
 def container() -> str | None:
@@ -166,10 +176,10 @@ def container() -> str | None:
 
 def _shm_fix(kind: str | None) -> str:
     if kind is None:
-        return f"as root: mount -o remount,size=8G {introspect.SHM_DIR}"
-    return ("restart the container with a larger /dev/shm: docker run --shm-size=8g (or "
-            "--ipc=host; compose: shm_size: 8gb); Kubernetes: mount an emptyDir with medium: "
-            "Memory (and a sizeLimit) at /dev/shm")
+        return tr("as root: mount -o remount,size=8G {path}", path=introspect.SHM_DIR)
+    return tr("restart the container with a larger /dev/shm: docker run --shm-size=8g (or "
+              "--ipc=host; compose: shm_size: 8gb); Kubernetes: mount an emptyDir with medium: "
+              "Memory (and a sizeLimit) at /dev/shm")
 
 
 def dev_shm(shm_dir: str = introspect.SHM_DIR) -> list[Finding]:
@@ -177,32 +187,38 @@ def dev_shm(shm_dir: str = introspect.SHM_DIR) -> list[Finding]:
     try:
         st = os.statvfs(shm_dir)
     except FileNotFoundError:
-        return [Finding("dev_shm", "error", f"{shm_dir} does not exist: POSIX shared memory "
-                        "(shm_open) has nowhere to live", "as root: mount -t tmpfs tmpfs /dev/shm")]
+        return [Finding("dev_shm", "error",
+                        tr("{path} does not exist: POSIX shared memory (shm_open) has nowhere "
+                           "to live", path=shm_dir),
+                        tr("as root: mount -t tmpfs tmpfs /dev/shm"))]
     total, free = st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize
     kind = container()
     details = {"path": shm_dir, "total": total, "free": free, "inodes": st.f_files,
                "inodes_free": st.f_favail, "container": kind}
-    where = f" in a {kind} container" if kind else ""
-    text = f"{shm_dir}: {mib(total)}, {mib(free)} free, {st.f_favail:,} free inodes{where}"
+    where = tr(" in a {kind} container", kind=kind) if kind else ""
+    text = tr("{path}: {total}, {free} free, {inodes:,} free inodes{where}", path=shm_dir,
+              total=mib(total), free=mib(free), inodes=st.f_favail, where=where)
     if total == DOCKER_DEFAULT_SHM or total < SMALL_SHM:
-        note = " (Docker's default)" if total == DOCKER_DEFAULT_SHM else ""
-        return [Finding("dev_shm", "warn", f"{text}: small{note}; DataLoader workers die with "
-                        "'Bus error' or 'No space left on device'", _shm_fix(kind), details)]
+        note = tr(" (Docker's default)") if total == DOCKER_DEFAULT_SHM else ""
+        return [Finding("dev_shm", "warn",
+                        tr("{text}: small{note}; DataLoader workers die with 'Bus error' or "
+                           "'No space left on device'", text=text, note=note),
+                        _shm_fix(kind), details)]
     if free < total * LOW_FREE_FRACTION:
-        return [Finding("dev_shm", "warn", f"{text}: nearly full",
-                        "look at the segments below (python -m shmlab doctor --clean removes "
-                        "the leaked ones), then " + _shm_fix(kind), details)]
+        return [Finding("dev_shm", "warn", tr("{text}: nearly full", text=text),
+                        tr("look at the segments below (python -m shmlab doctor --clean removes "
+                           "the leaked ones), then ") + _shm_fix(kind), details)]
     if 0 < st.f_files and st.f_favail < LOW_FREE_INODES:
-        return [Finding("dev_shm", "warn", f"{text}: nearly out of inodes (one per segment)",
-                        "remove leaked segments (--clean), or remount with a larger nr_inodes=",
-                        details)]
+        return [Finding("dev_shm", "warn",
+                        tr("{text}: nearly out of inodes (one per segment)", text=text),
+                        tr("remove leaked segments (--clean), or remount with a larger "
+                           "nr_inodes="), details)]
     return [Finding("dev_shm", "ok", text, details=details)]
 
 
-CJK_FONT_FIX = ("sudo apt-get install fonts-noto-cjk (Debian, Ubuntu); sudo dnf install "
-                "google-noto-sans-cjk-fonts (Fedora); brew install --cask font-noto-sans-cjk "
-                "(macOS)")
+CJK_FONT_FIX = N_("sudo apt-get install fonts-noto-cjk (Debian, Ubuntu); sudo dnf install "
+                   "google-noto-sans-cjk-fonts (Fedora); brew install --cask font-noto-sans-cjk "
+                   "(macOS)")
 
 
 def cjk_fonts() -> list[str] | None:
@@ -223,15 +239,17 @@ def cjk_font() -> list[Finding]:
     edition needs none, and a browser on another machine uses that machine's fonts."""
     fonts = cjk_fonts()
     if fonts is None:
-        return [Finding("cjk_font", "info", "cannot tell whether a CJK font is installed "
-                        "(no fc-list); the Chinese edition needs one in the browser's machine",
-                        CJK_FONT_FIX, {"fonts": None})]
+        return [Finding("cjk_font", "info",
+                        tr("cannot tell whether a CJK font is installed (no fc-list); the "
+                           "Chinese edition needs one in the browser's machine"),
+                        tr(CJK_FONT_FIX), {"fonts": None})]
     if not fonts:
-        return [Finding("cjk_font", "info", "no CJK font installed (fc-list :lang=zh is "
-                        "empty): a browser on this machine shows the Chinese edition's text as "
-                        "boxes", CJK_FONT_FIX, {"fonts": []})]
-    return [Finding("cjk_font", "ok", f"CJK font: {fonts[0]}"
-                    + (f" (+{len(fonts) - 1} more)" if len(fonts) > 1 else ""),
+        return [Finding("cjk_font", "info",
+                        tr("no CJK font installed (fc-list :lang=zh is empty): a browser on "
+                           "this machine shows the Chinese edition's text as boxes"),
+                        tr(CJK_FONT_FIX), {"fonts": []})]
+    return [Finding("cjk_font", "ok", tr("CJK font: {font}", font=fonts[0])
+                    + (tr(" (+{n} more)", n=len(fonts) - 1) if len(fonts) > 1 else ""),
                     details={"fonts": fonts})]
 
 

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from .. import introspect
+from ..messages import tr
 from .checks import SEVERITIES, Finding, machine
 from .leaks import MIN_AGE_S, leaks
 
@@ -51,10 +52,11 @@ def render(findings: list[Finding]) -> str:
     """The text report: one line per finding, '<mark> <severity> <check>: <message> -> fix'."""
     lines = []
     for f in findings:
-        fix = f"  ->  fix: {f.fix}" if f.fix else ""
+        fix = tr("  ->  fix: {fix}", fix=f.fix) if f.fix else ""
         lines.append(f"{_MARK[f.severity]} {f.severity:<5} {f.check}: {f.message}{fix}")
     todo = sum(f.needs_action for f in findings)
-    lines.append(f"{todo} finding(s) need action." if todo else "Nothing needs action.")
+    lines.append(tr("{n} finding(s) need action.", n=todo) if todo
+                 else tr("Nothing needs action."))
     return "\n".join(lines)
 
 

@@ -15,6 +15,7 @@ import time
 from .. import introspect
 from ..manager.client import peek_status
 from ..manager.errors import ManagerError
+from ..messages import tr
 from .checks import Finding, mib
 
 # A segment younger than this may be a message in flight: its creator sent the name and exited,
@@ -42,29 +43,39 @@ def segment_facts(seg: introspect.ShmSegment, uid: int, users: list[int]) -> dic
 
 def _segment_finding(seg, uid: int, users: list[int], min_age_s: float) -> Finding | None:
     facts = segment_facts(seg, uid, users)
-    what = (f"{seg.path} ({seg.owner}, {mib(seg.size)}, {seg.age_s:.0f} s old, user "
-            f"{facts['user']}, refcount {seg.refcount if seg.refcount is not None else '-'})")
+    what = tr("{path} ({owner}, {size}, {age:.0f} s old, user {user}, refcount {refcount})",
+              path=seg.path, owner=seg.owner, size=mib(seg.size), age=seg.age_s,
+              user=facts["user"], refcount=seg.refcount if seg.refcount is not None else "-")
     if seg.creator_alive:
         return None  # its creator still runs: in use, not a leak
     if users:
-        return Finding("segment", "info", f"{what}: its creator is gone but pid(s) "
-                       f"{', '.join(map(str, users))} still use it", details=facts)
+        return Finding("segment", "info",
+                       tr("{what}: its creator is gone but pid(s) {pids} still use it",
+                          what=what, pids=", ".join(map(str, users))), details=facts)
     if seg.creator_pid is None:  # psm_: the stdlib's names carry no pid
-        return Finding("segment", "info", f"{what}: a stdlib SharedMemory segment nobody maps; "
-                       "it lives until someone calls unlink()",
-                       f"rm {seg.path}   (if no program of yours will attach to it again)",
+        return Finding("segment", "info",
+                       tr("{what}: a stdlib SharedMemory segment nobody maps; it lives until "
+                          "someone calls unlink()", what=what),
+                       tr("rm {path}   (if no program of yours will attach to it again)",
+                          path=seg.path),
                        facts)
-    gone = f"{what}: creator pid {seg.creator_pid} is gone and no process maps it"
+    gone = tr("{what}: creator pid {pid} is gone and no process maps it", what=what,
+              pid=seg.creator_pid)
     if seg.age_s < min_age_s:
-        return Finding("segment", "info", f"{gone}, but it is only {seg.age_s:.1f} s old (a "
-                       "message in flight, or a manager about to reclaim it): look again",
+        return Finding("segment", "info",
+                       tr("{gone}, but it is only {age:.1f} s old (a message in flight, or a "
+                          "manager about to reclaim it): look again", gone=gone, age=seg.age_s),
                        details=facts)
     if uid != os.geteuid():
-        return Finding("segment", "warn", f"{gone}: a leak, owned by {facts['user']}",
-                       f"ask {facts['user']} (or root) to run: rm {seg.path}", facts)
+        return Finding("segment", "warn",
+                       tr("{gone}: a leak, owned by {user}", gone=gone, user=facts["user"]),
+                       tr("ask {user} (or root) to run: rm {path}", user=facts["user"],
+                          path=seg.path), facts)
     facts["cleanable"] = True
-    return Finding("segment", "warn", f"{gone}: a leak ({mib(seg.size)} of RAM held for "
-                   "nothing)", f"python -m shmlab doctor --clean   (or: rm {seg.path})", facts)
+    return Finding("segment", "warn",
+                   tr("{gone}: a leak ({size} of RAM held for nothing)", gone=gone,
+                      size=mib(seg.size)),
+                   tr("python -m shmlab doctor --clean   (or: rm {path})", path=seg.path), facts)
 
 
 def segments(shm_dir: str = introspect.SHM_DIR, *, table=None,
@@ -86,9 +97,10 @@ def segments(shm_dir: str = introspect.SHM_DIR, *, table=None,
         in_use += finding is None
         if finding is not None:
             findings.append(finding)
-    gone = f" ({vanished} more went away while we looked)" if vanished else ""
-    summary = Finding("segment", "ok", f"{len(found) - vanished} segment(s) in {shm_dir}, {in_use} "
-                      f"of them with a live creator{gone}",
+    gone = tr(" ({n} more went away while we looked)", n=vanished) if vanished else ""
+    summary = Finding("segment", "ok",
+                      tr("{n} segment(s) in {path}, {live} of them with a live creator{gone}",
+                         n=len(found) - vanished, path=shm_dir, live=in_use, gone=gone),
                       details={"count": len(found) - vanished, "live": in_use,
                                "vanished": vanished})
     return [summary, *findings]
@@ -125,15 +137,19 @@ def managers(*, table=None) -> list[Finding]:
         name = "torch_shm_manager" if info.kind == "torch" else "shmlab.manager"
         what = f"{name} pid {info.pid}"
         if gone and clients == 0:
-            fix = (f"kill -INT {info.pid}   (it reclaims its segments and exits)"
+            fix = (tr("kill -INT {pid}   (it reclaims its segments and exits)", pid=info.pid)
                    if info.kind == "shmlab" else
-                   f"kill {info.pid}   (then run the doctor again: its segments show as leaked)")
-            findings.append(Finding("manager", "warn", f"{what}: orphaned, its starter is gone "
-                                    "and it has no clients left", fix, facts))
+                   tr("kill {pid}   (then run the doctor again: its segments show as leaked)",
+                      pid=info.pid))
+            findings.append(Finding("manager", "warn",
+                                    tr("{what}: orphaned, its starter is gone and it has no "
+                                       "clients left", what=what), fix, facts))
         else:
-            state = "its starter is gone" if gone else f"started by pid {info.ppid}"
-            findings.append(Finding("manager", "info", f"{what}: {state}, "
-                                    f"{'?' if clients is None else clients} client(s)",
+            state = (tr("its starter is gone") if gone
+                     else tr("started by pid {pid}", pid=info.ppid))
+            findings.append(Finding("manager", "info",
+                                    tr("{what}: {state}, {clients} client(s)", what=what,
+                                       state=state, clients="?" if clients is None else clients),
                                     details=facts))
     return findings
 
@@ -152,10 +168,12 @@ def fd_leaks(*, table=None) -> list[Finding]:
             continue
         if fds:
             findings.append(Finding(
-                "fd_leak", "warn", f"pid {pid} ({proc.name}) holds {len(fds)} deleted shm fd(s) "
-                f"({mib(nbytes)}) and its parent is gone: memory no other process can reach",
-                f"kill {pid}   (if it is not a job you still run; the kernel frees the memory "
-                "with its last fd)", {"pid": pid, "name": proc.name, "fds": len(fds),
+                "fd_leak", "warn",
+                tr("pid {pid} ({name}) holds {n} deleted shm fd(s) ({size}) and its parent is "
+                   "gone: memory no other process can reach", pid=pid, name=proc.name,
+                   n=len(fds), size=mib(nbytes)),
+                tr("kill {pid}   (if it is not a job you still run; the kernel frees the memory "
+                   "with its last fd)", pid=pid), {"pid": pid, "name": proc.name, "fds": len(fds),
                                       "bytes": nbytes, "ppid": proc.ppid}))
     return findings
 

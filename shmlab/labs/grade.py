@@ -260,6 +260,14 @@ def _learner_cells(learner_nb) -> tuple[dict[str, str], dict[str, list[str]]]:
     return answers, extras
 
 
+def _leftovers(lang: str) -> dict[str, str]:
+    """``sandbox.LEFTOVERS`` in ``lang``: format strings, filled in by the sandbox."""
+    return {"alive": tr("grader: {n} process(es) your code started were still running when "
+                        "the check ended; the sandbox killed them", lang=lang),
+            "shm": tr("grader: {n} file(s) left in /dev/shm after the check; the sandbox "
+                      "removed them", lang=lang)}
+
+
 def _protected(cwd, source_dir) -> list[str]:
     """Paths the sandbox must show read-only (it checks each and says if one is not).
 
@@ -279,7 +287,7 @@ def run_job(job: dict, cwd, cell_timeout: float, deadline: float,
     tmpdir = tempfile.mkdtemp(prefix="shmlab-grade-")  # the sandbox mounts a tmpfs on it
     argv = [sys.executable, "-I", "-S", sandbox.__file__, str(wfd), tmpdir,
             json.dumps([sys.executable, "-c", _RUNNER]),
-            json.dumps(_protected(cwd, source_dir))]
+            json.dumps(_protected(cwd, source_dir)), json.dumps(_leftovers(lang))]
     proc = subprocess.Popen(argv, cwd=cwd, pass_fds=(wfd,), stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             start_new_session=True, env=dict(os.environ, SHMLAB_LANG=lang))

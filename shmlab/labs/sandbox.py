@@ -6,7 +6,9 @@ namespaces), written out with ``unshare(2)`` and ``mount(2)`` so nothing needs i
 
 The grader starts this file as a script (``python -I -S sandbox.py CHANNEL TMPDIR``: stdlib
 only, so no ``.pth``, ``sitecustomize`` or package file is read before the sandbox stands) with
-the runner's command line as JSON on argv[3]. Three processes, outside in:
+the runner's command line as JSON on argv[3], the paths to protect on argv[4] and the two lines
+it may print, in the graded notebook's language, on argv[5] (``LEFTOVERS``). Three processes,
+outside in:
 
 * **the launcher** enters a new user, mount, pid and IPC namespace (``unshare``; the user
   namespace maps the grader's own uid, so no privilege is needed) and forks the checker, which
@@ -260,6 +262,14 @@ def check(runner: list[str], channel: int, env: dict) -> int:
     return 0 if status == 0 else 1
 
 
+# What ``_report_leftovers`` prints. This script reads no catalog (stdlib only): the grader
+# passes these lines translated (argv[5]; the same English is its msgid in ``grade``).
+LEFTOVERS = {"alive": "grader: {n} process(es) your code started were still running when the "
+                      "check ended; the sandbox killed them",
+             "shm": "grader: {n} file(s) left in /dev/shm after the check; the sandbox removed "
+                    "them"}
+
+
 def _report_leftovers() -> None:
     """Say what the learner's code left behind; the sandbox's end removes it all the same."""
     if os.getpid() != 1:
@@ -267,11 +277,9 @@ def _report_leftovers() -> None:
     alive = [p for p in os.listdir("/proc") if p.isdigit() and p != "1"]
     shm = os.listdir("/dev/shm")
     if alive:
-        print(f"grader: {len(alive)} process(es) your code started were still running when "
-              "the check ended; the sandbox killed them", flush=True)
+        print(LEFTOVERS["alive"].format(n=len(alive)), flush=True)
     if shm:
-        print(f"grader: {len(shm)} file(s) left in /dev/shm after the check; the sandbox "
-              "removed them", flush=True)
+        print(LEFTOVERS["shm"].format(n=len(shm)), flush=True)
 
 
 def _checker(channel: int, tmpdir: str, runner: list[str], protect: list[str]) -> int:
@@ -318,6 +326,7 @@ def own_user_namespace() -> str:
 def main(argv: list[str]) -> int:
     channel, tmpdir, runner = int(argv[1]), argv[2], json.loads(argv[3])
     protect = json.loads(argv[4]) if len(argv) > 4 else []
+    LEFTOVERS.update(json.loads(argv[5]) if len(argv) > 5 else {})
     uid, gid = os.getuid(), os.getgid()
     try:
         if os.environ.get("SHMLAB_SANDBOX") == "off":  # the fallback, on purpose (tests)

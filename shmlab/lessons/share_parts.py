@@ -23,6 +23,7 @@ import contextlib
 import statistics
 import time
 
+from ..messages import N_, figure_language, tr
 from .memprobe import faults
 
 
@@ -93,8 +94,10 @@ def copies(results: dict, nbytes: int) -> dict:
 # What each part is drawn as: one colour per kind of work, the same in every bar.
 KIND = {"allocate": "allocate", "copy": "copy", "allocate + copy": "allocate + copy",
         "free old": "free old", "swap, free old": "free old", "share_memory_()": "the whole call"}
-COLORS = {"the whole call": "#937860", "allocate": "#4c72b0", "copy": "#dd8452",
-          "allocate + copy": "#8172b3", "free old": "#55a868", "the rest": "#bbbbbb"}
+# The kinds are the legend's labels too (N_: translated when drawn).
+COLORS = {N_("the whole call"): "#937860", N_("allocate"): "#4c72b0", N_("copy"): "#dd8452",
+          N_("allocate + copy"): "#8172b3", N_("free old"): "#55a868",
+          N_("the rest"): "#bbbbbb"}
 
 
 def plot(med: dict, nbytes: int):
@@ -102,6 +105,7 @@ def plot(med: dict, nbytes: int):
     Parts of well under a millisecond (shm_open, mmap, shm_unlink, Python) are "the rest"."""
     import matplotlib.pyplot as plt
 
+    lang = figure_language()
     fig, ax = plt.subplots(figsize=(10, 2.8))
     for y, parts in enumerate(med.values()):
         left = 0.0
@@ -111,10 +115,11 @@ def plot(med: dict, nbytes: int):
             left += sec * 1e3
     ax.set_yticks(range(len(med)), list(med))
     ax.invert_yaxis()
-    ax.set_xlabel(f"milliseconds (median of the repeats), one {nbytes // 2**20} MiB tensor")
+    ax.set_xlabel(tr("milliseconds (median of the repeats), one {mib} MiB tensor", lang,
+                     mib=nbytes // 2**20))
     handles = dict(zip(*reversed(ax.get_legend_handles_labels()), strict=True))
     kinds = [k for k in COLORS if k in handles]  # the legend in COLORS' order
-    ax.legend([handles[k] for k in kinds], kinds, loc="upper left", bbox_to_anchor=(1.01, 1),
-              fontsize="small")
+    ax.legend([handles[k] for k in kinds], [tr(k, lang) for k in kinds], loc="upper left",
+              bbox_to_anchor=(1.01, 1), fontsize="small")
     fig.tight_layout()
     return fig

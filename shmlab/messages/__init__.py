@@ -17,6 +17,14 @@ the process runs in a folder called ``zh`` (Jupyter starts a notebook's kernel i
 folder, so the Chinese edition in ``notebooks/zh/`` and ``labs/zh/`` speaks Chinese with no
 set-up; the headless runner of the tests does the same); else English. The grader sets
 ``SHMLAB_LANG`` from the graded notebook's ``metadata.language``.
+
+Note [A figure's language needs a CJK font]
+matplotlib draws a Chinese label in the first family of ``font.sans-serif`` that has the glyph;
+its default families (DejaVu Sans) have none, so an installed CJK font is not enough: it must
+be named there, or every character is a box and matplotlib warns "Glyph ... missing" once per
+character. ``figure_language`` puts an installed CJK family first and answers ``zh``; with none
+it answers ``en``, so the figure is labelled in English, quietly (the doctor already reports the
+missing font, with the command that installs one).
 """
 
 from __future__ import annotations
@@ -53,6 +61,43 @@ def _table(lang: str) -> dict[str, str]:
 
     return {e.msgid: e.msgstr for e in polib.pofile(str(path))
             if e.msgstr and not e.obsolete and "fuzzy" not in e.flags}
+
+
+# Sans-serif CJK families, preferred first: Simplified Chinese, then the other Noto/Source Han
+# cuts (the same Han glyphs for the labels shmlab draws), then the usual ones of macOS and Windows.
+CJK_FAMILIES = ("Noto Sans CJK SC", "Source Han Sans SC", "Noto Sans SC", "Noto Sans CJK JP",
+                "Noto Sans CJK TC", "Source Han Sans CN", "WenQuanYi Zen Hei",
+                "WenQuanYi Micro Hei", "PingFang SC", "Hiragino Sans GB", "Microsoft YaHei",
+                "SimHei", "Arial Unicode MS")
+
+
+@functools.cache
+def cjk_family() -> str | None:
+    """The first of ``CJK_FAMILIES`` matplotlib knows (any family named "CJK" after them), or
+    None: Note [A figure's language needs a CJK font]."""
+    from matplotlib import font_manager
+
+    known = {f.name for f in font_manager.fontManager.ttflist}
+    return next((f for f in CJK_FAMILIES if f in known),
+                next((f for f in sorted(known) if "CJK" in f and "Mono" not in f), None))
+
+
+def figure_language(lang: str | None = None) -> str:
+    """The language to label a matplotlib figure in: ``zh`` when the language is Chinese and a
+    CJK font is installed (which this puts first in ``rcParams["font.sans-serif"]``), else
+    ``en``: Note [A figure's language needs a CJK font]. Call it before drawing; pass the
+    answer to ``tr(..., lang=)``."""
+    if language(lang) != "zh":
+        return "en"
+    family = cjk_family()
+    if family is None:
+        return "en"
+    import matplotlib
+
+    fonts = matplotlib.rcParams["font.sans-serif"]
+    if fonts[:1] != [family]:
+        matplotlib.rcParams["font.sans-serif"] = [family, *(f for f in fonts if f != family)]
+    return "zh"
 
 
 def N_(message: str) -> str:

@@ -26,23 +26,27 @@ from .. import introspect
 from ..introspect.checks import mib
 from ..introspect.doctor import clean, cleanable, diagnose, exit_status, render, report
 from ..introspect.leaks import MIN_AGE_S
+from ..messages import tr
 
 
 def show_list(items: list[dict], out) -> None:
     """What --clean is about to remove: always shown, with or without --yes."""
-    print(f"--clean: {len(items)} leaked segment(s) of yours, {mib(sum(i['size'] for i in items))}"
-          ", no process maps or holds them and their creators are gone:", file=out)
+    print(tr("--clean: {n} leaked segment(s) of yours, {size}, no process maps or holds them "
+             "and their creators are gone:", n=len(items),
+             size=mib(sum(i["size"] for i in items))), file=out)
     for i in items:
-        print(f"  {i['path']}  {i['size']:,} bytes, creator pid {i['creator_pid']}, "
-              f"{i['age_s']:.0f} s old", file=out)
+        print(f"  {i['path']}  " + tr("{size:,} bytes, creator pid {pid}, {age:.0f} s old",
+                                      size=i["size"], pid=i["creator_pid"], age=i["age_s"]),
+              file=out)
 
 
 def _confirm(out) -> bool:
     """Ask on ``out`` (stderr with --json, so stdout stays pure JSON); no terminal: no."""
     if not sys.stdin.isatty():
-        print("stdin is not a terminal: nothing removed (add --yes to remove them)", file=out)
+        print(tr("stdin is not a terminal: nothing removed (add --yes to remove them)"),
+              file=out)
         return False
-    print("Remove them? [y/N] ", end="", file=out, flush=True)
+    print(tr("Remove them? [y/N] "), end="", file=out, flush=True)
     return sys.stdin.readline().strip().lower() in ("y", "yes")
 
 
@@ -51,7 +55,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--clean", action="store_true",
-                        help="remove leaked segments of ours that nobody uses (asks first)")
+                        help="remove leaked segments of yours that nobody uses (asks first)")
     parser.add_argument("--yes", action="store_true", help="with --clean: do not ask")
     parser.add_argument("--shm-dir", default=introspect.SHM_DIR,
                         help=f"the folder to look for segments in (default {introspect.SHM_DIR})")
@@ -79,12 +83,12 @@ def main(argv: list[str] | None = None) -> int:
             show_list(items, talk)
         if items and (args.yes or _confirm(talk)):
             cleaned = clean(items)
-            print(f"removed {len(cleaned['removed'])} segment(s), freed "
-                  f"{cleaned['bytes_freed']:,} bytes; skipped {len(cleaned['skipped'])}",
-                  file=talk)
+            print(tr("removed {n} segment(s), freed {freed:,} bytes; skipped {skipped}",
+                     n=len(cleaned["removed"]), freed=cleaned["bytes_freed"],
+                     skipped=len(cleaned["skipped"])), file=talk)
             findings = diagnose(args.shm_dir, args.min_age)  # report what is left
         elif not items:
-            print("--clean: no leaked segment of ours is safe to remove", file=talk)
+            print(tr("--clean: no leaked segment of yours is safe to remove"), file=talk)
     if args.json:
         print(json.dumps(report(findings, args.shm_dir, cleaned), indent=2))
     else:

@@ -22,6 +22,7 @@ import sys
 import tempfile
 import time
 
+from ..messages import tr as tr_  # `tr` names the Trace, as in session.py
 from . import strace as _strace
 from .model import StraceUnavailable, Trace
 from .render import summary, table
@@ -30,7 +31,7 @@ from .session import ALWAYS, Collector, child_environ, fill, trace, write_sitecu
 
 def run_command(argv: list[str], syscalls: bool = True) -> tuple[Trace, int]:
     """Run ``argv`` traced; (the trace, the command's exit status)."""
-    tr = Trace(limits=list(ALWAYS))
+    tr = Trace(limits=[tr_(line) for line in ALWAYS])
     directory = tempfile.mkdtemp(prefix="shmlab-trace-")
     try:
         write_sitecustomize(directory)
@@ -41,7 +42,7 @@ def run_command(argv: list[str], syscalls: bool = True) -> tuple[Trace, int]:
             try:
                 proc = _strace.run(argv, log, env)
             except StraceUnavailable as exc:
-                tr.limits.insert(0, f"strace not attached: {exc}")
+                tr.limits.insert(0, tr_("strace not attached: {reason}", reason=exc))
         if proc is None:
             log = None
             import subprocess

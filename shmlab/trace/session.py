@@ -33,6 +33,8 @@ import tempfile
 import threading
 import time
 
+from ..messages import N_
+from ..messages import tr as tr_  # `tr` names the Trace being recorded, as in the notebooks
 from . import recorder as _recorder
 from . import strace as _strace
 from .model import Event, ProcessInfo, StraceUnavailable, Trace, TraceError
@@ -79,27 +81,28 @@ except Exception as exc:  # a broken trace must not break the traced program
     print(f"shmlab.trace: not recording this process: {{exc!r}}", file=_sys.stderr)
 _shmlab_trace_chain()
 '''
-ALWAYS = [
-    "C++ inside torch: only the Python-visible calls and their system calls are seen "
-    "(MapAllocator, libshm and the refcount's atomics run in C++)",
-    "the receiver's first use of the memory is a plain load or store (no call, no system "
-    "call): the trace shows the mapping (mmap) and the rebuild's end, not the first touch",
-    "a spawn or forkserver child is recorded from the end of its preparation (its parent's "
-    "main module re-imported as __mp_main__) on: Python-level hops at that module's top "
-    "level are not recorded (its system calls are)",
-    "code that runs while a module is imported is not recorded at Python level (the hook "
-    "steps aside during imports: Note [No hook while importing] in shmlab.trace.recorder)",
-    "torch's file_system refcount lives in the segment's header and changes by atomic "
-    "instructions inside C++: the changes made when a process maps or closes the segment are "
-    "invisible; seen are the _shared_incref/_shared_decref calls on that same count (the +1 "
-    "that keeps the segment alive while a message is in flight) and the last closer's unlink",
+ALWAYS = [  # N_: in the chosen language when a trace starts (shmlab.messages)
+    N_("C++ inside torch: only the Python-visible calls and their system calls are seen "
+       "(MapAllocator, libshm and the refcount's atomics run in C++)"),
+    N_("the receiver's first use of the memory is a plain load or store (no call, no system "
+       "call): the trace shows the mapping (mmap) and the rebuild's end, not the first touch"),
+    N_("a spawn or forkserver child is recorded from the end of its preparation (its parent's "
+       "main module re-imported as __mp_main__) on: Python-level hops at that module's top "
+       "level are not recorded (its system calls are)"),
+    N_("code that runs while a module is imported is not recorded at Python level (the hook "
+       "steps aside during imports: Note [No hook while importing] in shmlab.trace.recorder)"),
+    N_("torch's file_system refcount lives in the segment's header and changes by atomic "
+       "instructions inside C++: the changes made when a process maps or closes the segment "
+       "are invisible; seen are the _shared_incref/_shared_decref calls on that same count "
+       "(the +1 that keeps the segment alive while a message is in flight) and the last "
+       "closer's unlink"),
 ]
 
 
 if not hasattr(threading, "setprofile_all_threads"):  # before Python 3.12
-    ALWAYS.append("threads already running when the block starts (e.g. a resource_sharer "
-                  "listener from an earlier put) are not hooked before Python 3.12: their "
-                  "system calls are traced, their Python-level hops are not")
+    ALWAYS.append(N_("threads already running when the block starts (e.g. a resource_sharer "
+                     "listener from an earlier put) are not hooked before Python 3.12: their "
+                     "system calls are traced, their Python-level hops are not"))
 
 
 def write_sitecustomize(directory: str) -> None:
@@ -123,7 +126,7 @@ def trace(syscalls="auto", keep: bool = False):
     (``tr.poll()`` reads events while it runs)."""
     if syscalls not in ("auto", True, False):
         raise ValueError(f"syscalls must be 'auto', True or False, not {syscalls!r}")
-    tr = Trace(limits=list(ALWAYS))
+    tr = Trace(limits=[tr_(line) for line in ALWAYS])
     directory = tempfile.mkdtemp(prefix="shmlab-trace-")
     saved = {k: os.environ.get(k) for k in (ENV_DIR, "PYTHONPATH")}
     proc, log = None, os.path.join(directory, "strace.log")
@@ -166,11 +169,11 @@ def _attach(syscalls, log: str, tr: Trace):
     except StraceUnavailable as exc:
         if syscalls is True:
             raise
-        tr.limits.insert(0, f"strace not attached: {exc}")
+        tr.limits.insert(0, tr_("strace not attached: {reason}", reason=exc))
     except TraceError as exc:
         if syscalls is True:
             raise
-        tr.limits.insert(0, f"strace not attached: {exc}")
+        tr.limits.insert(0, tr_("strace not attached: {reason}", reason=exc))
     return None
 
 
@@ -188,11 +191,11 @@ def started_before() -> list[str]:
     fs = sys.modules.get("multiprocessing.forkserver")
     pid = getattr(getattr(fs, "_forkserver", None), "_forkserver_pid", None)
     if pid:
-        out.append(f"forkserver started before tracing is not traced (pid {pid}): its "
-                   "children are recorded neither at Python level nor by strace")
+        out.append(tr_("forkserver started before tracing is not traced (pid {pid}): its "
+                       "children are recorded neither at Python level nor by strace", pid=pid))
     for pid, argv in _managers():
-        out.append(f"manager pid {pid} ({argv}) started before tracing: its own system calls "
-                   "are not traced (the messages sent to it are)")
+        out.append(tr_("manager pid {pid} ({argv}) started before tracing: its own system "
+                       "calls are not traced (the messages sent to it are)", pid=pid, argv=argv))
     return out
 
 

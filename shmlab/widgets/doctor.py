@@ -15,9 +15,10 @@ import ipywidgets as W
 from .. import introspect
 from ..introspect import doctor
 from ..introspect.leaks import MIN_AGE_S
+from ..messages import N_, tr
 from ._live import CSS, table
 
-HEAD = ["", "severity", "check", "finding", "fix"]
+HEAD = ["", N_("severity"), N_("check"), N_("finding"), N_("fix")]  # tr'd when drawn
 _MARK = {"ok": "✅", "info": "ℹ️", "warn": "⚠️", "error": "❌"}
 
 
@@ -31,10 +32,11 @@ class DoctorReport(W.VBox):
         self._pending: list[dict] = []  # what the confirm button would remove
         self.summary, self.table, self.question = W.HTML(), W.HTML(), W.HTML()
         auto = {"layout": W.Layout(width="auto")}  # the default 148 px cuts the label
-        self.refresh_button = W.Button(description="Refresh", icon="refresh", **auto)
-        self.clean_button = W.Button(description="Clean leaked segments…", icon="trash", **auto)
-        self.confirm_button = W.Button(description="Remove them", button_style="danger")
-        self.cancel_button = W.Button(description="Cancel")
+        self.refresh_button = W.Button(description=tr("Refresh"), icon="refresh", **auto)
+        self.clean_button = W.Button(description=tr("Clean leaked segments…"), icon="trash",
+                                     **auto)
+        self.confirm_button = W.Button(description=tr("Remove them"), button_style="danger")
+        self.cancel_button = W.Button(description=tr("Cancel"))
         self.confirm_box = W.VBox([self.question, W.HBox([self.confirm_button,
                                                           self.cancel_button])])
         self.confirm_box.layout.display = "none"  # shown only while a clean waits for a yes
@@ -52,28 +54,33 @@ class DoctorReport(W.VBox):
         """Read the machine again (the command's checks, in its order)."""
         self.findings = doctor.diagnose(self.shm_dir, self.min_age_s)
         todo = [f for f in self.findings if f.needs_action]
-        self.summary.value = CSS + (f"<b>⚠️ {len(todo)} finding(s) need action</b>" if todo else
-                                    "<b>✅ nothing needs action</b>") + (
-            ' &middot; <span class="shmlab-muted">same as <code>python -m shmlab doctor'
-            "</code></span>")
+        self.summary.value = CSS + (
+            "<b>⚠️ " + tr("{n} finding(s) need action", n=len(todo)) + "</b>" if todo else
+            "<b>✅ " + tr("nothing needs action") + "</b>") + (
+            ' &middot; <span class="shmlab-muted">'
+            + tr("same as {command}", command="<code>python -m shmlab doctor</code>")
+            + "</span>")
         rows = [[_MARK[f.severity], f.severity, f.check, html.escape(f.message),
                  f"<code>{html.escape(f.fix)}</code>" if f.fix else ""] for f in self.findings]
         classes = [f"shmlab-doctor-{f.severity}" for f in self.findings]
         # text columns read left to right and wrap, so a long finding cannot push the short
         # ones off-screen (the table sizes to its content, up to the output's width)
-        self.table.value = CSS + table(HEAD, rows, classes, left=(0, 1, 2, 3, 4), wrap=(3, 4))
+        self.table.value = CSS + table([tr(h) if h else h for h in HEAD], rows, classes,
+                                       left=(0, 1, 2, 3, 4), wrap=(3, 4))
 
     def ask_clean(self) -> None:
         """Show what a clean would remove, and wait for "Remove them" (or Cancel)."""
         self._pending = doctor.cleanable(self.findings)
         if not self._pending:
-            self.question.value = "No leaked segment of yours is safe to remove."
+            self.question.value = tr("No leaked segment of yours is safe to remove.")
             self.confirm_button.disabled = True
         else:
-            names = "".join(f"<li><code>{html.escape(i['path'])}</code> ({i['size']:,} bytes, "
-                            f"creator pid {i['creator_pid']} gone)</li>" for i in self._pending)
-            self.question.value = (f"Remove these {len(self._pending)} segment(s)? No process "
-                                   f"maps them and their creators are gone.<ul>{names}</ul>")
+            names = "".join(f"<li><code>{html.escape(i['path'])}</code> "
+                            + tr("({size:,} bytes, creator pid {pid} gone)", size=i["size"],
+                                 pid=i["creator_pid"]) + "</li>" for i in self._pending)
+            self.question.value = tr("Remove these {n} segment(s)? No process maps them and "
+                                     "their creators are gone.", n=len(self._pending)) + (
+                f"<ul>{names}</ul>")
             self.confirm_button.disabled = False
         self.confirm_box.layout.display = None
 
@@ -82,8 +89,9 @@ class DoctorReport(W.VBox):
         self.cleaned = doctor.clean(self._pending)
         self._hide_question()
         self.refresh()
-        self.summary.value += (f" &middot; removed {len(self.cleaned['removed'])}, freed "
-                               f"{self.cleaned['bytes_freed']:,} bytes")
+        self.summary.value += " &middot; " + tr(
+            "removed {n}, freed {freed:,} bytes", n=len(self.cleaned["removed"]),
+            freed=self.cleaned["bytes_freed"])
 
     def _hide_question(self) -> None:
         self._pending = []

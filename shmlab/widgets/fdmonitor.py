@@ -53,9 +53,10 @@ class FdMonitor(LiveView, W.HBox):
 
     def update(self, snap: introspect.Snapshot) -> None:
         self.current = dict(snap.fds)
-        mgr = {m.pid: f"manager ({m.kind})" for m in snap.managers}
+        mgr = {m.pid: tr("manager ({kind})", kind=m.kind) for m in snap.managers}
         for pid in self.current:
-            self.labels[pid] = "kernel" if pid == os.getpid() else mgr.get(pid, f"pid {pid}")
+            self.labels[pid] = (tr("kernel") if pid == os.getpid()
+                                else mgr.get(pid, f"pid {pid}"))
             self._colours.setdefault(pid, PALETTE[len(self._colours) % len(PALETTE)])
         self.history.append((snap.time, {p: dict(c) for p, c in snap.fds.items()}))
         self.chart.value = CSS + self._svg(snap.time)

@@ -22,12 +22,13 @@ from dataclasses import dataclass, field
 
 import ipywidgets as W
 
+from ..messages import N_, tr
 from ._live import CSS, DEFAULT_HZ, LiveView, Poller, table, text_table
 
 # Two kinds of mark, told apart by shape first and colour second. Both colours keep at least
 # 3:1 against the light theme's white and the dark theme's near-black (WCAG 1.4.11, non-text).
-KINDS = {"python": ("#1f77b4", "Python hop (circle)"),
-         "syscall": ("#d95f02", "system call (bar)")}
+KINDS = {"python": ("#1f77b4", N_("Python hop (circle)")),
+         "syscall": ("#d95f02", N_("system call (bar)"))}
 MAX_EVENTS = 5000  # bounded: a long trace keeps its latest marks, the count says what was seen
 ROWS = 12  # events in the table below the chart
 
@@ -122,10 +123,12 @@ class TraceTimeline(LiveView, W.VBox):
 
     def _draw(self, now: float) -> None:
         lanes = self.lanes()
-        state = "recording" if not self.ended else "trace ended"
+        state = tr("recording") if not self.ended else tr("trace ended")
+        counts = tr("{events} events from {processes} processes",
+                    events=f'<b class="shmlab-trace-count">{self.seen}</b>',
+                    processes=f"<b>{len(lanes)}</b>")
         self.status.value = CSS + (
-            f'<span class="shmlab-muted"><b class="shmlab-trace-count">{self.seen}</b> events '
-            f"from <b>{len(lanes)}</b> processes &middot; "
+            f'<span class="shmlab-muted">{counts} &middot; '
             f'<span class="shmlab-trace-state">{state}</span> &middot; '
             f"{time.strftime('%H:%M:%S', time.localtime(now))}</span>")
         self.chart.value = CSS + svg_lanes(list(self.events), lanes, self.width) + _legend()
@@ -133,20 +136,22 @@ class TraceTimeline(LiveView, W.VBox):
 
     def _recent_html(self, labels: dict[int, str]) -> str:
         if not self.events:
-            return '<div class="shmlab-muted">no event yet</div>'
+            return f'<div class="shmlab-muted">{tr("no event yet")}</div>'
         t0 = self.events[0].t
         rows = [[f"{(e.t - t0) * 1e3:.1f}", html.escape(labels.get(e.pid, str(e.pid))),
                  e.layer, html.escape(e.name), html.escape(_about(e))]
                 for e in reversed(list(self.events)[-ROWS:])]
-        return table(["ms", "process", "layer", "event", "segment / fd / detail"], rows,
+        return table(["ms", tr("process"), tr("layer"), tr("event"),
+                      tr("segment / fd / detail")], rows,
                      left=(1, 2, 3, 4), wrap=(4,))
 
     def render_text(self) -> str:
         lanes = self.lanes()
         counts = [[label, *(sum(e.pid == pid and e.layer == k for e in self.events)
                             for k in KINDS)] for pid, label in lanes]
-        head = f"trace: {self.seen} events from {len(lanes)} processes"
-        return head + ("\n" + text_table(["process", *KINDS], counts) if lanes else "")
+        head = tr("trace: {events} events from {processes} processes", events=self.seen,
+                  processes=len(lanes))
+        return head + ("\n" + text_table([tr("process"), *KINDS], counts) if lanes else "")
 
 
 def _about(e) -> str:
@@ -156,7 +161,7 @@ def _about(e) -> str:
 
 def _legend() -> str:
     items = "".join(
-        f'<span><svg width="14" height="10"><{shape} fill="{colour}"/></svg> {label}</span>'
+        f'<span><svg width="14" height="10"><{shape} fill="{colour}"/></svg> {tr(label)}</span>'
         for (colour, label), shape in zip(KINDS.values(), (
             'circle cx="7" cy="5" r="4"', 'rect x="5" y="0" width="4" height="10"'), strict=True))
     return f'<div class="shmlab-legend shmlab-trace-legend">{items}</div>'

@@ -49,8 +49,8 @@ def test_a_failing_check_shows_the_hint_in_a_few_lines_without_a_traceback():
     check = _cell(lab, "lab2.check_unlinked_segment(")
     wrong = nbformat.v4.new_code_cell(RAISES)
     cells = [setup, check, answer, copy.deepcopy(check), wrong, copy.deepcopy(check)]
-    for c in cells:
-        c.pop("id", None)
+    for i, c in enumerate(cells):  # the copies repeat an id: give each cell its own
+        c["id"] = f"cell-{i}"
     nb = nbformat.v4.new_notebook(cells=cells)
     NotebookClient(nb, timeout=90, allow_errors=True, kernel_name="python3").execute()
     too_early, unfilled, raised = (_shown(nb.cells[i]) for i in (1, 3, 5))

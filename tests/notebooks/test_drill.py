@@ -14,7 +14,7 @@ import zipfile
 
 import pytest
 
-from shmlab.drill import Deck, Scheduler, bank, cli, export, state
+from shmlab.drill import Deck, Scheduler, bank, cli, export, notebooks, state
 from shmlab.drill.schedule import AGAIN_DELAY, DAY
 
 IDS = [f"q1-card-{i}" for i in range(10)]
@@ -182,6 +182,17 @@ def test_the_terminal_mode_in_one_language_and_quitting_early():
     assert rc == 0 and "0 card(s) graded" in text
 
 
+def test_the_terminal_mode_in_chinese_links_the_chinese_notebook(monkeypatch):
+    monkeypatch.setenv("SHMLAB_LANG", "zh")
+    rc, text = run_cli(["--cards", "1"], "\nq\n")
+    (asked,) = [c for c in bank.load() if c.prompt["zh"] in text]
+    assert asked.prompt["en"] not in text  # SHMLAB_LANG=zh: Chinese only, like the quiz
+    assert f"见 notebooks/zh/{notebooks.zh_link(asked.link)}" in text  # the prompts: Chinese
+    monkeypatch.delenv("SHMLAB_LANG")
+    rc, text = run_cli(["--cards", "1"], "\nq\n")
+    assert f"see notebooks/{asked.link}" in text  # the English link, as before
+
+
 def test_progress_lists_every_question():
     run_cli(["--cards", "1"], "\n4\n")
     rc, text = run_cli(["--progress"], "")
@@ -248,6 +259,27 @@ def test_quiz_buttons_reveal_grade_save_and_chart(data_dir):
         quiz.grade("good")  # not revealed yet
     reloaded = Quiz(deck=Deck(clock=Clock(), seed=0))
     assert f'data-question="{card.question}" data-known="1"' in reloaded.chart.value
+
+
+def test_the_quiz_in_chinese_links_the_chinese_heading_from_where_it_runs(monkeypatch):
+    from shmlab.drill import Quiz
+
+    quiz = Quiz(deck=Deck(clock=Clock(), seed=0), lang="en")
+    card = quiz.deck.current()
+    chinese = notebooks.zh_link(card.link)
+    monkeypatch.chdir(notebooks.NOTEBOOKS)  # the kernel of notebooks/10_interview_drill.ipynb
+    quiz.reveal()
+    assert f"href='{html.escape(card.link)}'" in quiz.answer.value  # English: as it was
+    quiz.lang_buttons.value = "中文"
+    assert f"href='{html.escape('zh/' + chinese)}'" in quiz.answer.value
+    assert f"see zh/{chinese}" in quiz.text()
+    monkeypatch.chdir(notebooks.NOTEBOOKS / "zh")  # the Chinese edition's drill notebook
+    quiz.set_lang("zh")
+    assert f"href='{html.escape(chinese)}'" in quiz.answer.value
+    heading = chinese.partition("#")[2].replace("-", " ")
+    assert f"{chinese.partition('#')[0]} § {html.escape(heading)}</a>" in quiz.answer.value
+    quiz.set_lang("en")  # English from the zh folder: the English notebook, one folder up
+    assert f"href='{html.escape('../' + card.link)}'" in quiz.answer.value
 
 
 def test_card_markdown_renders_in_chinese_too():
