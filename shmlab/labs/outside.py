@@ -110,7 +110,13 @@ def run_outside(job: dict, out, send, stream_failed_cases) -> dict:
         ns = _check_namespace(job["cells"], learner)
         send(out, {"cell": "test"})
         verdict = runner.run_test(job["test"], ns)
-        changed = learner.request("integrity")
+        try:  # a process that ends itself here may have replaced a routine the check ran there
+            changed = learner.request("integrity")
+        except remote.LearnerDied:
+            return {"passed": False, "traceback": "", "reason": tr(
+                "the process died (exit status {status}) while running {cell}, before the "
+                "check finished: os._exit, a crash or a kill scores 0",
+                status=_status(learner), cell="test")}
         if changed:
             return runner._replaced([str(c) for c in changed] if type(changed) is list
                                     else ["the check's routines"])

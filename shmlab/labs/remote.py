@@ -64,8 +64,12 @@ class Learner:
     def _send(self, request: dict) -> None:
         request["drop"], self._dropped = self._dropped, []
         data = (json.dumps(request) + "\n").encode()
-        while data:
-            data = data[os.write(self._requests, data):]
+        try:
+            while data:
+                data = data[os.write(self._requests, data):]
+        except BrokenPipeError:
+            self._read()  # what it said before it went, or LearnerDied
+            raise LearnerDied("your code's process ended before the check's request") from None
 
     def request(self, op: str, *args, on_cell=None, **fields):
         """Send one request; return its decoded result, or raise what the learner's code
