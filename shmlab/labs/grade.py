@@ -23,6 +23,16 @@ Note — how a grade is earned, and what cannot earn one:
   be traced or have its fds opened by the learner's processes (``PR_SET_DUMPABLE`` 0). Each
   failed case reaches it the moment it fails; it believes a pass only from one verdict, sent
   after the check started, with no failed case before it (``sandbox.decide``).
+* **The check itself is out of the learner's reach** (every lab in ``OUTSIDE``; Note [The
+  verdict outside the learner's process], in ``outside``): the runner is a check process, not
+  dumpable, that runs the learner's cells in a child process of its own (in a user namespace of
+  its own, so it cannot trace the check process or open its fds) and runs ``Cases`` and the
+  comparisons itself, on plain data and proxies (``wire``, ``remote``). A float that equals
+  everything, ``Cases`` patched (for good, for one line, through frames or ``gc``) or the
+  runner's messages forged score 0 (``tests/labs/test_grader_outside.py``). What the learner's
+  code did is read from outside where it can be: the fds (labs 2-4) in ``/proc/<pid>/fd``, the
+  counts (lab 3) in the segment in ``/dev/shm`` and the locks in ``/proc/locks``, the reclaimed
+  segments (lab 4) in ``/dev/shm``.
 * **Status, not output**: an answer cell that raises scores 0; so does a runner that dies
   (``os._exit``), hangs (per-cell and per-notebook time limits, then SIGKILL of its process
   group and sandbox), or sends no verdict. Cells run as plain Python, so there is no IPython
@@ -33,29 +43,37 @@ Note — how a grade is earned, and what cannot earn one:
   wrap and says so in the output; any other magic or shell escape scores 0 with a message that
   names the line, says magics are not supported in graded cells and what to write instead
   (runner's Note [Magics in graded cells]).
-* **The check code is fingerprinted** (``integrity.fingerprint``) before the first cell and
-  after the test; a learner who patched ``Cases``, rebound a lab module, a builtin or a
-  ``__code__`` fails that exercise with the name of what changed. Names the set-up bound
-  (``lab3``, ``shm_open``...) are restored before the test runs.
+* **The check code is fingerprinted** (``integrity.fingerprint``) before the first learner cell
+  and after the test, in the process where the learner's code runs (for a lab in ``OUTSIDE``, a
+  second line of defence for the check's routines run there); a learner who patched ``Cases``,
+  rebound a lab module, a builtin or a ``__code__`` fails that exercise with the name of what
+  changed. Names the set-up bound (``lab3``, ``shm_open``...) are restored before the test runs
+  (in the check process, they are its own).
 * **Instructor copies** are checked against ``SHA256SUMS`` before a batch starts and graded
   from memory; a notebook that writes one (or the grader's own files) scores 0 and the batch
   says so. Grading writes nothing into the source folder.
 
 Limits — what the grader still cannot detect or prevent:
 
-* **A faithful imitation of the runner.** The check calls the learner's functions, so it runs in
-  the learner's process, and whatever the check can do there the learner's code can do too.
-  Code that writes the runner's own messages (a ``{"cell": "test"}`` line, then a passing
-  verdict) to its pipe and exits, or that rewrites the check's memory through ``ctypes``,
-  still fakes that one exercise's pass; the checker's rules catch only the plain forms. Only
-  checks that run in the checker and call the learner's code across a process boundary would
-  close this; they do not exist yet. Its reach stays one exercise of one notebook.
-* **Changed data, not code, and patches that undo themselves.** The fingerprint sees replaced
-  functions, classes, methods and modules of the watched modules, as they are before the
-  learner's first line and after the check; it does not see a changed constant, a list or dict
-  the check reads, an instance's attributes, a patch in a module it does not watch, or a patch
-  that is put back before the check ends. (A failed case is safe once it happened: it reached
-  the checker already.)
+* **A lab not in ``OUTSIDE``** (none today) runs the check in the learner's process, where
+  whatever the check can do the learner's code can do too: writing the runner's own messages and
+  exiting, a ``float`` subclass whose comparisons are always true, ``Cases`` patched through
+  frames or ``gc`` or put back before the check ends, ``ctypes`` writes into the check's memory.
+  The fingerprint (which sees replaced code, not changed data) and the checker's rules catch
+  only the plain forms there.
+* **What the learner's process reports.** A check that must pickle the learner's objects, load
+  the bytes, inject a failure, fork a sender, hammering children or a manager loop with its
+  clients, or train and watch models, runs one of its routines in the learner's process
+  (``remote.place``); code that knows the check can replace that routine there, and what it
+  returns is then the learner's word. In labs 1-4 the check computes the inputs and the answers
+  it expects itself (random points, the views' values, the fd counts and segments it reads from
+  outside), so such a report must still be the right answer; a routine replaced to compute the
+  right answer from the check's own inputs is not caught (the fingerprint taken in the learner's
+  process catches the plain replacements). Lab 5 is the weakest: its training, the watch on
+  which process trained which model, the accuracies and the timings are all measured there
+  (``_hogwild_facts``...), and the check process only compares the numbers it is sent. The
+  learner's process can also kill the check process (same uid): that exercise then scores 0. It
+  can list the check process's fd numbers in ``/proc`` (not open them).
 * **Reading is allowed.** The sandbox is read-only, not hidden: a notebook can read the
   instructor copies (the solutions) in the installed package, and any file the grader's user
   can read, other learners' notebooks included. Grade submissions from a folder per learner
@@ -92,6 +110,12 @@ from ..messages import language, tr
 from . import integrity, sandbox
 from .release import SOURCE, nbgrader_meta, release_cell
 
+# The labs whose verdict comes from a check process the learner's code cannot reach (Note [The
+# verdict outside the learner's process], in ``outside``): all five. A lab missing here (a new
+# one, until its checks take proxies) runs the check in the learner's process, the old way. A
+# Chinese copy has its English twin's name.
+OUTSIDE = {"lab1_reducers.ipynb", "lab2_file_descriptors.ipynb",
+           "lab3_file_system_refcount.ipynb", "lab4_shm_manager.ipynb", "lab5_hogwild.ipynb"}
 _RUNNER = "import sys; del sys.path[0]; from shmlab.labs.runner import main; main()"
 
 
@@ -372,8 +396,10 @@ def grade(path, source_dir=SOURCE, timeout: float = 120, notebook_timeout: float
     # its messages in Chinese. An unknown language is graded in English.
     lang = learner.metadata.get("language", "en")
     lang = lang if lang in ("en", "zh") else "en"
+    jobs = [dict(job, outside=path.name in OUTSIDE) for job in plan(source_nb, learner)
+            if only is None or job["grade_id"] in only]
     exercises = [run_job(job, str(path.parent.resolve()), timeout, deadline, source_dir, lang)
-                 for job in plan(source_nb, learner) if only is None or job["grade_id"] in only]
+                 for job in jobs]
     return Result(str(path), exercises, time.monotonic() - start, language=lang)
 
 

@@ -1,4 +1,11 @@
-"""Checks for lab 4: reclaim, the tracker, its grace period, and its loop under SIGKILL."""
+"""Checks for lab 4: reclaim, the tracker, its grace period, and its loop under SIGKILL.
+
+Mirrors: nothing in torch; the manager is ``torch_shm_manager`` (``torch/lib/libshm/manager.cpp``).
+Each check runs in the notebook on the learner's objects, and in the grader's check process on
+proxies of them (``remote.place``): which segments are gone is read in ``/dev/shm`` from
+outside, and the manager loop with its SIGKILLed clients runs in a fork of the learner's
+process (Note [The verdict outside the learner's process]).
+"""
 
 from __future__ import annotations
 
@@ -14,7 +21,14 @@ import time
 
 from .._shm import SHM_DIR
 from ..messages import tr
-from .report import Cases, run_in_child
+from .remote import place
+from .report import Cases
+
+
+def _names_set(*names) -> set[str]:
+    """A set made next to the learner's code (a set is not plain data: Note [Only plain data
+    crosses], in ``wire``)."""
+    return set(names)
 
 
 def _make(name: str) -> None:
@@ -44,7 +58,7 @@ def check_reclaim(reclaim):
     with Cases(tr("Exercise 1: reclaim what was registered, and nothing else")) as c, \
             _segments(a, b, decoy, longer):
         gone = a + "_gone"  # registered, then freed by its owner
-        done = reclaim({a, b, gone})
+        done = reclaim(place(reclaim).run(_names_set, a, b, gone))
         c.check(not os.path.exists(f"{SHM_DIR}/{a}") and not os.path.exists(f"{SHM_DIR}/{b}"),
                 tr("both registered segments are unlinked"),
                 tr("os.unlink('/dev/shm/' + name)"))
@@ -54,16 +68,25 @@ def check_reclaim(reclaim):
                                                           "with a registered one", name=longer),
                 tr("a name is registered only if it is exactly that name: compare whole names "
                    "(or just unlink the registered ones)"))
-        c.check(sorted(done or []) == sorted([a, b]),
+        c.check(sorted(done or []) == sorted([a, b]),  # iterating a proxy reads each name
                 tr("it returns the names it unlinked (not the one already gone)"),
                 tr("a registered name may be gone already: skip FileNotFoundError"))
 
+
+
+def _registered(tracker):
+    """The tracker's registered names, sorted; or what it keeps instead of a set."""
+    names = tracker.registered
+    if isinstance(names, (set, frozenset)):
+        return sorted(names)
+    return f"a {type(names).__name__}, not a set"
 
 
 def check_tracker(tracker_cls):
     a, b = _names("t", 2)
     with Cases(tr("Exercise 2: the tracker knows who is connected and what is registered")) \
             as c:
+        at = place(tracker_cls)
         t = tracker_cls()
         c.check(not t.should_exit(now=0.0), tr("before any client came: keep serving"),
                 tr("the manager starts for its first client: exit only after clients came and "
@@ -72,26 +95,29 @@ def check_tracker(tracker_cls):
         t.client_joined("c2", now=0.0)
         t.register("c1", a)
         t.register("c2", a)  # the same name twice (two holders of one segment): one entry
-        c.check(t.registered == {a}, tr("register() records the name once ({registered})",
-                                        registered=t.registered),
+        c.check(at.run(_registered, t) == [a], tr(
+                "register() records the name once ({registered})",
+                registered=at.run(_registered, t)),
                 tr("keep the names in the set attribute `registered`"))
         t.register("c1", b)  # only c1 holds b
         t.client_left("c1", now=1.0)
         c.check(not t.should_exit(now=5.0), tr("one client is still connected: keep serving"),
                 tr("exit only when no client is left"))
-        c.check(t.registered == {a, b}, tr("a client who leaves leaves its names registered "
-                                           "({registered})", registered=t.registered),
+        c.check(at.run(_registered, t) == sorted([a, b]), tr(
+                "a client who leaves leaves its names registered ({registered})",
+                registered=at.run(_registered, t)),
                 tr("a client that dies without FREE leaves its segments behind: they are "
                    "exactly what the manager must reclaim later, so keep them"))
         t.client_left("c2", now=2.0)
         c.check(t.should_exit(now=2.0), tr("the last client left: time to clean"),
                 tr("exit once every client that joined has left"))
         t.free(a)
-        c.check(a not in t.registered, tr("free() forgets a name"),
+        left = at.run(_registered, t)
+        c.check(isinstance(left, list) and a not in left, tr("free() forgets a name"),
                 tr("remove it from .registered"))
         t.free(a)  # a second FREE of the same name (its owner and a reclaim) is harmless
         t.free(b)
-        c.check(t.registered == set(), tr("a second free() of the same name is harmless"),
+        c.check(at.run(_registered, t) == [], tr("a second free() of the same name is harmless"),
                 tr("set.discard does not raise for a missing element"))
 
 
@@ -146,8 +172,8 @@ def check_under_sigkill(serve, tracker_cls, reclaim, grace=1.0):
     with Cases(tr("Exercise 4: the manager loop reclaims SIGKILLed producers' segments")) \
             as c, \
             _segments(decoy):
-        report = run_in_child(_serve_victims, serve, tracker_cls, reclaim, names, grace,
-                              timeout=40)
+        report = place(serve).run_in_child(_serve_victims, serve, tracker_cls, reclaim, names,
+                                           grace, timeout=40)
         leaked = [n for n in names if os.path.exists(f"{SHM_DIR}/{n}")]
         for n in leaked:
             os.unlink(f"{SHM_DIR}/{n}")

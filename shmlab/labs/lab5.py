@@ -1,4 +1,12 @@
-"""Checks for lab 5: Hogwild training on shared parameters, and what it costs."""
+"""Checks for lab 5: Hogwild training on shared parameters, and what it costs.
+
+Mirrors: nothing in torch; what is checked is torch's Hogwild example
+(``examples/mnist_hogwild``) and ``share_memory_``. Each check runs in the notebook on the
+learner's objects, and in the grader's check process on proxies of them (``remote.place``):
+the training, and the watching of who trains which model, run next to the learner's code in
+one routine per exercise (``_hogwild_facts``...), which reports plain numbers; the thresholds
+and comparisons run where the check runs (Note [The verdict outside the learner's process]).
+"""
 
 from __future__ import annotations
 
@@ -11,6 +19,7 @@ import random
 import time
 
 from ..messages import language, tr
+from .remote import place
 from .report import Cases, answer, start_child
 
 
@@ -50,46 +59,58 @@ def _run(worker, model, data, processes: int, epochs: int, timeout: float = 120.
 
 
 def check_hogwild(train_worker):
+    at = place(train_worker)
     with Cases(tr("Exercise 1: several processes train one shared model")) as c:
-        torch, data, make_model, accuracy = _setup()
-        train_worker(0, 1, make_model(seed=0), data, 0)  # 0 epochs: a stub still raises here
-        shard = len(data.x_train[1::2])
         epochs = random.choice((2, 3))  # not 1: a worker that ignores `epochs` fails
-        seen = _rows_seen(train_worker, make_model(seed=0), data, epochs)
+        f = at.run(_hogwild_facts, train_worker, epochs)
+        shard, seen = f["shard"], f["seen"]
         c.check(seen == epochs * shard, tr("{epochs} epochs of worker 1 of 2 pass {epochs} "
                                            "times over its shard ({epochs} x {shard} rows; it "
                                            "fed the model {seen})", epochs=epochs, shard=shard,
                                            seen=seen),
                 tr("each worker trains on its own share of the data, `epochs` times: the rows "
                    "rank, rank + world, ..."))
-        model = make_model(seed=0)
-        model.share_memory()
-        before = [p.detach().clone() for p in model.parameters()]
-        watch = _Trainers(model, data.x_test)
-        try:
-            seconds, codes = _run(train_worker, model, data, processes=2, epochs=5)
-        finally:
-            watch.close()
+        codes = f["codes"]
         c.check(codes == [0, 0], tr("both workers exited cleanly (exit codes {codes})",
                                     codes=codes),
                 tr("read the child's traceback above; the worker gets (rank, world, model, "
                    "data, epochs)"))
-        fed = sorted(rows for rows, _ in watch.away)
-        want = sorted(5 * len(data.x_train[r::2]) for r in range(2))
-        c.check(fed == want, tr("each of the 2 workers fed the shared model 5 epochs of its "
-                                "shard ({want} rows; fed {fed})", want=want, fed=fed),
+        fed, want = f["fed"], [5 * rows for rows in f["shards"]]
+        c.check(fed == sorted(want), tr("each of the 2 workers fed the shared model 5 epochs "
+                                        "of its shard ({want} rows; fed {fed})",
+                                        want=sorted(want), fed=fed),
                 tr("5 passes over data.x_train[rank::world] in each worker, on the model it "
                    "was given"))
-        moved = any(not torch.equal(a, b) for a, b in zip(before, model.parameters(),
-                                                          strict=True))
-        c.check(moved, tr("the parent sees the parameters the children trained"),
+        c.check(f["moved"] is True, tr("the parent sees the parameters the children trained"),
                 tr("optimizer.step() must update the shared model's own parameters: build the "
                    "optimizer from model.parameters() inside the worker, don't copy the model"))
-        acc = accuracy(model, data.x_test, data.y_test)
-        c.check(acc >= 0.85, tr("test accuracy {acc} (>= 0.85) after {seconds} s",
-                                acc=f"{acc:.3f}", seconds=f"{seconds:.1f}"),
+        acc = f["accuracy"]
+        c.check(type(acc) is float and acc >= 0.85, tr(
+                "test accuracy {acc} (>= 0.85) after {seconds} s", acc=f"{acc:.3f}",
+                seconds=f"{f['seconds']:.1f}"),
                 tr("each worker should run `epochs` passes over its shard "
                    "data.x_train[rank::world]"))
+
+
+def _hogwild_facts(train_worker, epochs: int) -> dict:
+    """Exercise 1, run next to the learner's worker: what the check compares, as numbers."""
+    torch, data, make_model, accuracy = _setup()
+    train_worker(0, 1, make_model(seed=0), data, 0)  # 0 epochs: a stub still raises here
+    seen = _rows_seen(train_worker, make_model(seed=0), data, epochs)
+    model = make_model(seed=0)
+    model.share_memory()
+    before = [p.detach().clone() for p in model.parameters()]
+    watch = _Trainers(model, data.x_test)
+    try:
+        seconds, codes = _run(train_worker, model, data, processes=2, epochs=5)
+    finally:
+        watch.close()
+    moved = any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+    return {"shard": len(data.x_train[1::2]), "seen": int(seen), "codes": list(codes),
+            "fed": sorted(int(rows) for rows, _ in watch.away),
+            "shards": [len(data.x_train[r::2]) for r in range(2)], "moved": bool(moved),
+            "accuracy": float(accuracy(model, data.x_test, data.y_test)),
+            "seconds": float(seconds)}
 
 
 def _rows_seen(train_worker, model, data, epochs: int) -> int:
@@ -111,104 +132,147 @@ def _rows_seen(train_worker, model, data, epochs: int) -> int:
 
 
 def check_baseline(baseline):
+    at = place(baseline)
     with Cases(tr("Exercise 2: a fresh single-process baseline")) as c:
-        _, data, _, accuracy = _setup(timed=True)
-        with _watching(baseline) as watch:
-            start = time.perf_counter()
-            result = baseline()
-            wall = time.perf_counter() - start
+        f = at.run(_baseline_facts, baseline)
+        result, wall = f["result"], f["wall"]
         print("  " + tr("baseline() returned {result} in {wall} s", result=result,
                         wall=f"{wall:.2f}"))
-        if not c.check(isinstance(result, dict) and {"seconds", "accuracy"} <= set(result),
+        if not c.check(f["keys"] is True,
                        tr("baseline() returns a dict with 'accuracy' and 'seconds'"),
                        tr("return a dict with those two keys")):
             return
-        c.check(len(watch.made) >= 1, tr("baseline() trains a fresh model (make_model called "
-                                         "{n} time(s) inside it)", n=len(watch.made)),
+        c.check(f["made"] >= 1, tr("baseline() trains a fresh model (make_model called "
+                                   "{n} time(s) inside it)", n=f["made"]),
                 tr("a model built or trained before baseline() ran measures nothing: build it "
                    "inside"))
-        here = [t for t in watch.made if t.here and not t.away]  # trained in this process
-        rows = 5 * len(data.x_train)
-        c.check(any(t.here >= rows for t in here), tr(
+        c.check(f["trained"] is True, tr(
                 "it trains that model here, 5 epochs over all {rows} rows ({summary})",
-                rows=len(data.x_train), summary=watch.summary()),
+                rows=f["rows"], summary=f["summary"]),
                 tr("one process, every row, 5 epochs: train_worker(0, 1, model, data, 5)"))
-        same = [t for t in here if _same(result["accuracy"],
-                                         accuracy(t.model, data.x_test, data.y_test))]
-        c.check(bool(same), tr("the accuracy reported is that of the model baseline() trained"),
+        c.check(f["same"] is True,
+                tr("the accuracy reported is that of the model baseline() trained"),
                 tr("report accuracy(model, data.x_test, data.y_test) of the model you trained"))
-        c.check(result["accuracy"] >= 0.85, tr("it reaches >= 0.85 test accuracy ({acc})",
-                                               acc=f"{result['accuracy']:.3f}"),
+        acc, seconds = f["accuracy"], f["seconds"]
+        c.check(type(acc) is float and acc >= 0.85, tr(
+                "it reaches >= 0.85 test accuracy ({acc})", acc=f"{acc:.3f}"),
                 tr("train it for 5 epochs with train_worker"))
-        span = same[0].span if same else 0.0
-        c.check(max(span, 0.5 * wall) <= result["seconds"] <= wall + 0.05, tr(
+        span = f["span"]
+        c.check(type(seconds) is float and max(span, 0.5 * wall) <= seconds <= wall + 0.05, tr(
                 "the time reported ({seconds} s) covers the training ({span} s from its first "
                 "batch to its last), is most of what baseline() took ({wall} s), and not more",
-                seconds=f"{result['seconds']:.2f}", span=f"{span:.2f}", wall=f"{wall:.2f}"),
+                seconds=f"{seconds:.2f}", span=f"{span:.2f}", wall=f"{wall:.2f}"),
                 tr("time.perf_counter() just before and just after the training"))
 
 
+def _number(value) -> float:
+    """``value`` (a float, a 0-d tensor, a numpy number) as a float; NaN if it is none."""
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return float("nan")
+
+
+def _baseline_facts(baseline) -> dict:
+    """Exercise 2, run next to the learner's ``baseline``: what the check compares."""
+    _, data, _, accuracy = _setup(timed=True)
+    with _watching(baseline) as watch:
+        start = time.perf_counter()
+        result = baseline()
+        wall = time.perf_counter() - start
+    facts = {"result": repr(result)[:300], "wall": wall, "rows": len(data.x_train),
+             "keys": isinstance(result, dict) and {"seconds", "accuracy"} <= set(result)}
+    if not facts["keys"]:
+        return facts
+    here = [t for t in watch.made if t.here and not t.away]  # trained in this process
+    same = [t for t in here if _same(result["accuracy"],
+                                     accuracy(t.model, data.x_test, data.y_test))]
+    return {**facts, "made": len(watch.made), "summary": watch.summary(),
+            "trained": any(t.here >= 5 * len(data.x_train) for t in here),
+            "same": bool(same), "span": same[0].span if same else 0.0,
+            "accuracy": _number(result["accuracy"]), "seconds": _number(result["seconds"])}
+
+
+_MEASURED = ("single_seconds", "single_accuracy", "hogwild_seconds", "hogwild_accuracy")
+
+
 def check_measurement(measure):
+    at = place(measure)
     with Cases(tr("Exercise 3: measure Hogwild against the baseline")) as c:
-        _, data, _, accuracy = _setup(timed=True)
-        with _watching(measure) as watch:
-            start = time.perf_counter()
-            result = measure()
-            wall = time.perf_counter() - start
-        print("  " + tr("measure() returned {result} in {wall} s", result=result,
+        f = at.run(_measurement_facts, measure)
+        wall = f["wall"]
+        print("  " + tr("measure() returned {result} in {wall} s", result=f["result"],
                         wall=f"{wall:.2f}"))
-        keys = {"single_seconds", "single_accuracy", "hogwild_seconds", "hogwild_accuracy"}
-        if not c.check(isinstance(result, dict) and keys <= set(result),
-                       tr("measure() returns a dict with {keys}", keys=sorted(keys)),
+        if not c.check(f["keys"] is True,
+                       tr("measure() returns a dict with {keys}", keys=sorted(_MEASURED)),
                        tr("return a dict with those four keys")):
             return
-        c.check(len(watch.made) >= 2, tr("measure() trains two fresh models (make_model called "
-                                         "{n} time(s) inside it)", n=len(watch.made)),
+        c.check(f["made"] >= 2, tr("measure() trains two fresh models (make_model called "
+                                   "{n} time(s) inside it)", n=f["made"]),
                 tr("a model trained before measure() ran measures nothing: run the baseline "
                    "and build the shared model inside it"))
-        single = [t for t in watch.made if t.here and not t.away]  # trained in this process
-        workers = [t for t in watch.made if t.away and not t.here]  # trained by others only
-        rows = 5 * len(data.x_train)
-        full = any(t.here >= rows for t in single)
-        hogwild = any(len(t.away) == 2 and sum(r for r, _ in t.away) >= rows for t in workers)
-        c.check(full and hogwild, tr("one model trained here and another by 2 worker "
-                                     "processes, 5 epochs over the {rows} rows each "
-                                     "({summary})", rows=len(data.x_train),
-                                     summary=watch.summary()),
+        c.check(f["full"] is True and f["hogwild"] is True, tr(
+                "one model trained here and another by 2 worker processes, 5 epochs over the "
+                "{rows} rows each ({summary})", rows=f["rows"], summary=f["summary"]),
                 tr("run baseline(), then lab5._run(train_worker, model, data, processes=2, "
                    "epochs=5) on a second fresh model"))
-        # The two honest models often reach the very same accuracy (the same number of test
-        # rows right), so the values cannot say which model each came from: accuracy() is
-        # watched, and each number must be the very object it returned for the right model.
-        mine = watch.measured_by(result["single_accuracy"], single, accuracy, data)
-        theirs = watch.measured_by(result["hogwild_accuracy"], workers, accuracy, data)
-        c.check(mine is not None and theirs is not None,
+        c.check(f["mine"] is True and f["theirs"] is True,
                 tr("single_accuracy is what accuracy() returned for the model trained here, "
                    "hogwild_accuracy what it returned for the one the workers trained"),
                 tr("report accuracy(model, data.x_test, data.y_test) of each model you "
                    "trained, as it returned it, not numbers you wrote or copied"))
-        c.check(result["single_accuracy"] >= 0.85 and result["hogwild_accuracy"] >= 0.85,
+        got = {k: f[k] for k in _MEASURED}
+        numbers = all(type(v) is float for v in got.values())
+        c.check(numbers and got["single_accuracy"] >= 0.85 and got["hogwild_accuracy"] >= 0.85,
                 tr("both reach >= 0.85 test accuracy"),
                 tr("both train 5 epochs; the shared one learns only if share_memory() ran "
                    "before the workers started"))
-        spent = result["single_seconds"] + result["hogwild_seconds"]
-        spans = [mine.span if mine else 0.0, theirs.span if theirs else 0.0]
-        c.check(0.5 * wall <= spent <= wall + 0.05 and result["single_seconds"] >= spans[0]
-                and result["hogwild_seconds"] >= spans[1], tr(
-                "each time covers its run's training ({single} s and {hogwild} s from first "
-                "batch to last); the two ({spent} s) are most of what measure() took ({wall} "
-                "s), and not more", single=f"{spans[0]:.2f}", hogwild=f"{spans[1]:.2f}",
-                spent=f"{spent:.2f}", wall=f"{wall:.2f}"),
+        spans = f["spans"]
+        spent = got["single_seconds"] + got["hogwild_seconds"] if numbers else float("nan")
+        c.check(numbers and 0.5 * wall <= spent <= wall + 0.05
+                and got["single_seconds"] >= spans[0] and got["hogwild_seconds"] >= spans[1],
+                tr("each time covers its run's training ({single} s and {hogwild} s from first "
+                   "batch to last); the two ({spent} s) are most of what measure() took "
+                   "({wall} s), and not more", single=f"{spans[0]:.2f}",
+                   hogwild=f"{spans[1]:.2f}", spent=f"{spent:.2f}", wall=f"{wall:.2f}"),
                 tr("time each run from just before it starts to just after it ends (the "
                    "processes joined)"))
-        if all(isinstance(result[k], (int, float)) for k in keys):
-            ratio = result["single_seconds"] / max(result["hogwild_seconds"], 1e-9)
+        if numbers:
+            ratio = got["single_seconds"] / max(got["hogwild_seconds"], 1e-9)
             print("  " + tr("Hogwild took {hogwild} s against {single} s: {ratio}x; accuracy "
                             "{hogwild_acc} against {single_acc}",
-                            hogwild=f"{result['hogwild_seconds']:.2f}",
-                            single=f"{result['single_seconds']:.2f}", ratio=f"{ratio:.2f}",
-                            hogwild_acc=f"{result['hogwild_accuracy']:.3f}",
-                            single_acc=f"{result['single_accuracy']:.3f}"))
+                            hogwild=f"{got['hogwild_seconds']:.2f}",
+                            single=f"{got['single_seconds']:.2f}", ratio=f"{ratio:.2f}",
+                            hogwild_acc=f"{got['hogwild_accuracy']:.3f}",
+                            single_acc=f"{got['single_accuracy']:.3f}"))
+
+
+def _measurement_facts(measure) -> dict:
+    """Exercise 3, run next to the learner's ``measure``: what the check compares."""
+    _, data, _, accuracy = _setup(timed=True)
+    with _watching(measure) as watch:
+        start = time.perf_counter()
+        result = measure()
+        wall = time.perf_counter() - start
+    facts = {"result": repr(result)[:400], "wall": wall, "rows": len(data.x_train),
+             "keys": isinstance(result, dict) and set(_MEASURED) <= set(result)}
+    if not facts["keys"]:
+        return facts
+    single = [t for t in watch.made if t.here and not t.away]  # trained in this process
+    workers = [t for t in watch.made if t.away and not t.here]  # trained by others only
+    rows = 5 * len(data.x_train)
+    # The two honest models often reach the very same accuracy (the same number of test
+    # rows right), so the values cannot say which model each came from: accuracy() is
+    # watched, and each number must be the very object it returned for the right model.
+    mine = watch.measured_by(result["single_accuracy"], single, accuracy, data)
+    theirs = watch.measured_by(result["hogwild_accuracy"], workers, accuracy, data)
+    return {**facts, "made": len(watch.made), "summary": watch.summary(),
+            "full": any(t.here >= rows for t in single),
+            "hogwild": any(len(t.away) == 2 and sum(r for r, _ in t.away) >= rows
+                           for t in workers),
+            "mine": mine is not None, "theirs": theirs is not None,
+            "spans": [mine.span if mine else 0.0, theirs.span if theirs else 0.0],
+            **{k: _number(result[k]) for k in _MEASURED}}
 
 
 class _Trainers:
@@ -397,31 +461,41 @@ def _watching(measure):
 
 
 def check_identity(storage_identity):
+    at = place(storage_identity)
     with Cases(tr("Exercise 4: the same segment behind the parameters in every process")) \
             as c:
-        torch, _, make_model, _ = _setup()
-        import torch.multiprocessing as mp
-
-        model = make_model(seed=0)
-        model.share_memory()
-        mine = [storage_identity(p) for p in model.parameters()]
+        mine, theirs = at.run(_identities, storage_identity)
         c.check(all(isinstance(i, tuple) and len(i) == 2 for i in mine),
                 tr("storage_identity returns a (st_ino, st_dev) pair per parameter"),
                 tr("a shared parameter's storage has an fd (its sharing handle); what names "
                    "the object behind an fd?"))
-        ctx = mp.get_context("fork")
-        inq = ctx.Queue()
-        child = start_child(_identities_from, storage_identity, inq)
-        inq.put(model)  # after the fork: the child receives it, pickled, through the Queue
-        try:
-            theirs = answer(child, timeout=60)
-        finally:
-            inq.close()
-            inq.join_thread()
         c.check(theirs == mine, tr("a child that received the model over a Queue maps the "
                                    "very same segments"),
                 tr("two fds, one object: compare inode and device, not fd numbers"))
         c.check(len(set(mine)) == len(mine), tr("each parameter has a segment of its own"))
+
+
+def _identities(storage_identity):
+    """(the identity of each parameter here, as a child that got the model over a Queue
+    sees it)."""
+    torch, _, make_model, _ = _setup()
+    import torch.multiprocessing as mp
+
+    model = make_model(seed=0)
+    model.share_memory()
+    mine = [storage_identity(p) for p in model.parameters()]
+    if not all(isinstance(i, tuple) and len(i) == 2 for i in mine):
+        return mine, None
+    ctx = mp.get_context("fork")
+    inq = ctx.Queue()
+    child = start_child(_identities_from, storage_identity, inq)
+    inq.put(model)  # after the fork: the child receives it, pickled, through the Queue
+    try:
+        theirs = answer(child, timeout=60)
+    finally:
+        inq.close()
+        inq.join_thread()
+    return mine, theirs
 
 
 def _identities_from(storage_identity, inq):

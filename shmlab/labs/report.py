@@ -83,7 +83,12 @@ class Cases:
         last = traceback.format_exception_only(exc_type, exc)[-1].strip()
         frames = traceback.extract_tb(tb)
         mine = [i for i, f in enumerate(frames) if is_learner_frame(f.filename)]
-        if mine:  # the learner's innermost line: where to look (the grader's frames are noise)
+        remote = getattr(exc, "shmlab_learner_traceback", None)
+        if remote is not None:  # raised in the learner's process (``remote``): its traceback
+            where = [ln for ln in remote.splitlines() if ln.strip().startswith('File "<')]
+            self.check(False, tr("your code raised {error}", error=last),
+                       where[-1].strip() if where else "")
+        elif mine:  # the learner's innermost line: where to look (the grader's frames are noise)
             at = frames[mine[-1]]
             deeper = "" if mine[-1] == len(frames) - 1 else tr(
                 ", inside {file}", file=os.path.basename(frames[-1].filename))
@@ -156,21 +161,27 @@ def _install_hints() -> None:
 _install_hints()
 
 
-def fd_count() -> int:
-    """Open fds of this process, less the /proc files a poller (``_Family``) holds for a moment.
+def fd_count(pid: int | None = None) -> int:
+    """Open fds of this process (or of ``pid``, read from outside), less the /proc files a
+    poller (``_Family``) holds for a moment.
 
     Checks compare two counts around the learner's call; a /proc read in another thread must
     not look like a leak.
     """
-    n = 0
-    for fd in os.listdir("/proc/self/fd"):
+    n, where = 0, f"/proc/{pid or 'self'}/fd"
+    for fd in os.listdir(where):
         try:
-            link = os.readlink(f"/proc/self/fd/{fd}")
+            link = os.readlink(f"{where}/{fd}")
             # "/proc" itself: psutil's listdir("/proc") in the poller holds a directory fd
             n += not (link == "/proc" or link.startswith("/proc/"))
         except OSError:
             pass  # closed between the listing and the look: it was transient
     return n
+
+
+# Pids whose segments a check here reports as its own: the learner's process, when the check
+# runs outside it (``remote.Learner``).
+OWNERS: set[int] = set()
 
 
 def _shm_files(family: set[int]) -> set[str]:
@@ -182,7 +193,7 @@ def _shm_files(family: set[int]) -> set[str]:
     """
     from ..introspect import shm_segments
 
-    return {s.name for s in shm_segments() if s.creator_pid == os.getpid()
+    return {s.name for s in shm_segments() if s.creator_pid in {os.getpid(), *OWNERS}
             or (s.creator_alive is False and s.creator_pid in family)}
 
 

@@ -23,6 +23,11 @@ The runner
 4. writes one JSON line per event to FD (``{"cell": label}`` before each cell, then
    ``{"verdict": {...}}``) and leaves with ``os._exit``, so no learner thread or atexit hook
    runs after the verdict.
+
+That is the old path, where the check shares the learner's process. For a lab in
+``grade.OUTSIDE`` (``job["outside"]``) the runner is a check process instead
+(``outside.run_outside``): the same cells, run by ``run_cells`` in a learner's process it
+starts, and the test here (Note [The verdict outside the learner's process]).
 """
 
 from __future__ import annotations
@@ -182,22 +187,16 @@ def _stream_failed_cases(out) -> None:
     Cases.check = _Streamed(Cases.check, out)
 
 
-def run(job: dict, out) -> dict:
-    for name in CHECK_MODULES:
-        importlib.import_module(name)
-    _stream_failed_cases(out)
-    main = types.ModuleType("__main__")
-    main.__builtins__ = __builtins__
-    sys.modules["__main__"] = main
-    ns = main.__dict__
-    ns["display"] = display  # an IPython builtin an answer may call
+def run_cells(cells: list, ns: dict, on_cell) -> tuple[dict | None, dict, dict | None, set]:
+    """Run the job's cells in ``ns``: (the exercise's failure or None, the names the set-up
+    bound, the fingerprint taken before the first learner line, the modules known then)."""
     before, known = None, set(sys.modules)
     setup_names: dict = {}
-    for cell in job["cells"]:
+    for cell in cells:
         learner = cell["role"] in ("answer", "helper")
         if learner and before is None:
             before, known = integrity.fingerprint(), set(sys.modules)
-        _send(out, {"cell": cell["label"]})
+        on_cell(cell["label"])
         filename = f"<{'answer' if learner else cell['role']} {cell['label']}>"
         source = cell["source"]
         if learner:
@@ -208,8 +207,9 @@ def run(job: dict, out) -> dict:
                     print(tr("note: the grader skipped {label} ({where}): IPython syntax",
                              label=cell["label"], where=where))
                     continue
-                return {"passed": False, "traceback": "",
-                        "reason": _unsupported_reason(cell["label"], str(where))}
+                return ({"passed": False, "traceback": "",
+                         "reason": _unsupported_reason(cell["label"], str(where))},
+                        setup_names, before, known)
             for note in notes:
                 print(note)
         try:
@@ -219,39 +219,76 @@ def run(job: dict, out) -> dict:
                 print(tr("note: {label} raised {error}", label=cell["label"],
                          error=f"{type(exc).__name__}: {exc}")[:300])
                 continue
-            if cell["role"] == "answer" and isinstance(exc, NotImplementedError):
-                return {"passed": False, "traceback": "", "reason": tr(
-                    "not implemented yet: replace the `raise NotImplementedError()` in {label}",
-                    label=cell["label"])}
-            if cell["role"] == "answer":
-                return {"passed": False, "reason": tr(
-                    "your cell {label} raised {error}", label=cell["label"],
-                    error=f"{type(exc).__name__}: {exc}")[:300],
-                    "traceback": _learner_traceback(exc)}
-            return {"passed": False, "reason": f"the grader's {cell['role']} cell "
-                    f"{cell['label']} raised {type(exc).__name__}: {exc} (a grader bug: "
-                    "tell the instructor)"[:300], "traceback": traceback.format_exc()}
+            return _cell_failure(cell, exc), setup_names, before, known
         if cell["role"] == "setup":
             setup_names = dict(ns)
+    return None, setup_names, before, known
+
+
+def _cell_failure(cell: dict, exc: BaseException) -> dict:
+    if cell["role"] == "answer" and isinstance(exc, NotImplementedError):
+        return {"passed": False, "traceback": "", "reason": tr(
+            "not implemented yet: replace the `raise NotImplementedError()` in {label}",
+            label=cell["label"])}
+    if cell["role"] == "answer":
+        return {"passed": False, "reason": tr(
+            "your cell {label} raised {error}", label=cell["label"],
+            error=f"{type(exc).__name__}: {exc}")[:300],
+            "traceback": _learner_traceback(exc)}
+    return {"passed": False, "reason": f"the grader's {cell['role']} cell "
+            f"{cell['label']} raised {type(exc).__name__}: {exc} (a grader bug: "
+            "tell the instructor)"[:300], "traceback": traceback.format_exc()}
+
+
+def _fresh_main() -> dict:
+    main = types.ModuleType("__main__")
+    main.__builtins__ = __builtins__
+    sys.modules["__main__"] = main
+    main.__dict__["display"] = display  # an IPython builtin an answer may call
+    return main.__dict__
+
+
+def run_test(test: str, ns: dict) -> dict:
+    """Run the instructor's test cell in ``ns``: the verdict (before any integrity check)."""
+    try:
+        exec(compile(test, "<check>", "exec"), ns)
+    except AssertionError as exc:
+        return {"passed": False, "reason": str(exc)[:300] or "a check failed", "traceback": ""}
+    except BaseException as exc:
+        learner_tb = getattr(exc, "shmlab_learner_traceback", None)
+        who = "your code" if learner_tb is not None else _who_raised(exc)
+        return {"passed": False, "traceback": learner_tb or _learner_traceback(exc),
+                "reason": f"{who} raised {type(exc).__name__}: {exc}"[:300]}
+    return {"passed": True, "reason": "", "traceback": ""}
+
+
+def _replaced(changed: list[str]) -> dict:
+    return {"passed": False, "traceback": "",
+            "reason": "your code replaced part of the grader, so this check proves "
+                      "nothing: " + ", ".join(changed[:5])}
+
+
+def run(job: dict, out) -> dict:
+    """The old path: the cells and the check in this one process (Note [The verdict outside
+    the learner's process] says which labs still take it)."""
+    if job.get("outside"):
+        from .outside import run_outside
+
+        return run_outside(job, out, _send, _stream_failed_cases)
+    for name in CHECK_MODULES:
+        importlib.import_module(name)
+    _stream_failed_cases(out)
+    ns = _fresh_main()
+    failure, setup_names, before, known = run_cells(
+        job["cells"], ns, lambda label: _send(out, {"cell": label}))
+    if failure:
+        return failure
     ns.update(setup_names)  # the check module and helpers the set-up bound, as it bound them
     _send(out, {"cell": "test"})
-    verdict = {"passed": True, "reason": "", "traceback": ""}
-    try:
-        exec(compile(job["test"], "<check>", "exec"), ns)
-    except AssertionError as exc:
-        verdict = {"passed": False, "reason": str(exc)[:300] or "a check failed",
-                   "traceback": ""}
-    except BaseException as exc:
-        who = _who_raised(exc)
-        verdict = {"passed": False, "traceback": _learner_traceback(exc),
-                   "reason": f"{who} raised {type(exc).__name__}: {exc}"[:300]}
+    verdict = run_test(job["test"], ns)
     changed = (integrity.differences(before or {}, integrity.fingerprint())
                + integrity.forged_modules(known))
-    if changed:
-        verdict = {"passed": False, "traceback": "",
-                   "reason": "your code replaced part of the grader, so this check proves "
-                             "nothing: " + ", ".join(changed[:5])}
-    return verdict
+    return _replaced(changed) if changed else verdict
 
 
 def main() -> None:

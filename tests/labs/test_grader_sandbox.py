@@ -281,9 +281,12 @@ def test_no_notebook_changes_the_grade_of_the_next(throwaway, tmp_path):
 
     forged = {e["grade_id"]: e for e in first[str(forger)]["exercises"]}
     assert forged["test_ex1_point_reducer"]["score"] == 0, forged
-    assert "before the check started" in forged["test_ex1_point_reducer"]["error"], forged
+    # Lab 1 is graded outside the learner's process (shmlab.labs.outside): its argv[1] is its
+    # own request pipe's read end, not the checker's channel, and the check's Cases is not in
+    # its frames, so the case fails as it is.
+    assert "raised OSError" in forged["test_ex1_point_reducer"]["error"], forged
     assert forged["test_ex3_pickle_size"]["score"] == 0, forged
-    assert "failed a case" in forged["test_ex3_pickle_size"]["error"], forged
+    assert "case(s) failed" in forged["test_ex3_pickle_size"]["error"], forged
     assert forged["test_ex2_tensor_reducer"]["score"] == 0, forged
     assert "shmlab.introspect" in forged["test_ex2_tensor_reducer"]["error"], forged
 
