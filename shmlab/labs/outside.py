@@ -87,8 +87,8 @@ def run_outside(job: dict, out, send, stream_failed_cases) -> dict:
     ctypes.CDLL(None).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
     learner = remote.Learner()
     if learner.isolation:
-        print(f"note: your code's process could not enter a user namespace of its own "
-              f"({learner.isolation})")
+        print(tr("note: your code's process could not enter a user namespace of its own "
+                 "({reason})", reason=learner.isolation))
     current = ["start-up"]
 
     def on_cell(label: str) -> None:

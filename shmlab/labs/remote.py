@@ -20,6 +20,7 @@ import subprocess
 import sys
 import weakref
 
+from ..messages import tr
 from . import report, sandbox, wire
 
 # The learner's process: ``sandbox.own_user_namespace`` runs before anything is imported (the
@@ -55,8 +56,8 @@ class Learner:
     def _read(self) -> dict:
         line = self._in.readline()
         if not line:
-            died = LearnerDied("your code's process ended (os._exit, a crash or a kill) "
-                               "while the check was waiting for it")
+            died = LearnerDied(tr("your code's process ended (os._exit, a crash or a kill) "
+                                  "while the check was waiting for it"))
             died.shmlab_learner_traceback = ""  # what ended it was the learner's code
             raise died
         return json.loads(line)
@@ -69,7 +70,8 @@ class Learner:
                 data = data[os.write(self._requests, data):]
         except BrokenPipeError:
             self._read()  # what it said before it went, or LearnerDied
-            raise LearnerDied("your code's process ended before the check's request") from None
+            raise LearnerDied(tr("your code's process ended before the check's request")) \
+                from None
 
     def request(self, op: str, *args, on_cell=None, **fields):
         """Send one request; return its decoded result, or raise what the learner's code
