@@ -26,7 +26,8 @@ Note — how a grade is earned, and what cannot earn one:
 * **The check itself is out of the learner's reach** (every lab in ``OUTSIDE``; Note [The
   verdict outside the learner's process], in ``outside``): the runner is a check process, not
   dumpable, that runs the learner's cells in a child process of its own (in a user namespace of
-  its own, so it cannot trace the check process or open its fds) and runs ``Cases`` and the
+  its own when the kernel allows one, so it cannot trace the check process or open its fds;
+  where it does not, the learner's output says so: see the limits) and runs ``Cases`` and the
   comparisons itself, on plain data and proxies (``wire``, ``remote``). A float that equals
   everything, ``Cases`` patched (for good, for one line, through frames or ``gc``) or the
   runner's messages forged score 0 (``tests/labs/test_grader_outside.py``). What the learner's
@@ -47,8 +48,10 @@ Note — how a grade is earned, and what cannot earn one:
   and after the test, in the process where the learner's code runs (for a lab in ``OUTSIDE``, a
   second line of defence for the check's routines run there); a learner who patched ``Cases``,
   rebound a lab module, a builtin or a ``__code__`` fails that exercise with the name of what
-  changed. Names the set-up bound (``lab3``, ``shm_open``...) are restored before the test runs
-  (in the check process, they are its own).
+  changed. In the check process, the names the set-up imports (modules, imported functions and
+  classes: ``lab3``, ``shm_open``...) and its plain constants stay its own; names a set-up cell
+  defines itself (lab 1's ``Point``, lab 3's ``read_count``) are the learner's process's, as the
+  learner last bound them.
 * **Instructor copies** are checked against ``SHA256SUMS`` before a batch starts and graded
   from memory; a notebook that writes one (or the grader's own files) scores 0 and the batch
   says so. Grading writes nothing into the source folder.
@@ -64,16 +67,23 @@ Limits — what the grader still cannot detect or prevent:
 * **What the learner's process reports.** A check that must pickle the learner's objects, load
   the bytes, inject a failure, fork a sender, hammering children or a manager loop with its
   clients, or train and watch models, runs one of its routines in the learner's process
-  (``remote.place``); code that knows the check can replace that routine there, and what it
+  (``remote.place``); code that knows the check can change what that routine measures there
+  (replace it, or alter the objects the routine hands to the learner's code), and what it
   returns is then the learner's word. In labs 1-4 the check computes the inputs and the answers
   it expects itself (random points, the views' values, the fd counts and segments it reads from
   outside), so such a report must still be the right answer; a routine replaced to compute the
   right answer from the check's own inputs is not caught (the fingerprint taken in the learner's
-  process catches the plain replacements). Lab 5 is the weakest: its training, the watch on
+  process catches the plain replacements). Lab 4's loop exercise expects constants (3
+  REGISTERs, 1 socket, a time inside the grace period) besides the reclaimed random names it
+  reads from outside, so it is nearly as weak. Lab 5 is the weakest: its training, the watch on
   which process trained which model, the accuracies and the timings are all measured there
   (``_hogwild_facts``...), and the check process only compares the numbers it is sent. The
   learner's process can also kill the check process (same uid): that exercise then scores 0. It
   can list the check process's fd numbers in ``/proc`` (not open them).
+* **No user namespace for the learner's process.** Where ``unshare(CLONE_NEWUSER)`` fails
+  there, the learner's process stays in the runner's namespace (uid 0 inside the sandbox, or
+  root outside it) and could trace the check process; the grader prints a note in that
+  exercise's output but does not mark the row ⚠️.
 * **Reading is allowed.** The sandbox is read-only, not hidden: a notebook can read the
   instructor copies (the solutions) in the installed package, and any file the grader's user
   can read, other learners' notebooks included. Grade submissions from a folder per learner

@@ -4,11 +4,12 @@ Mirrors: nothing in torch; an RPC server in the style of ``torch.distributed.rpc
 ``RRef``s: the objects stay here, the check process holds handles (``wire``, ``remote``).
 
 The check process (``outside.run_outside``) starts it (``remote.Learner``) with two pipes, RFD
-and WFD, and nothing else of its own. First, before any import, this process puts itself out
-of the check process's reach in the other direction: it enters a user namespace of its own
-(``sandbox.own_user_namespace``), so it holds no capability over the check process's
-namespace and cannot ``ptrace`` it or open its ``/proc/<pid>/fd`` or ``/proc/<pid>/mem``
-(the check process is not dumpable). Then it answers one JSON request per line on RFD, one
+and WFD, and nothing else of its own. First, before any import, this process puts itself out of
+the check process's reach in the other direction: it enters a user namespace of its own
+(``sandbox.own_user_namespace``; where the kernel refuses, it says so and stays), so it holds no
+capability over the check process's namespace and cannot ``ptrace`` it or open its
+``/proc/<pid>/fd`` or ``/proc/<pid>/mem`` (the check process is not dumpable).
+Then it answers one JSON request per line on RFD, one
 reply per line on WFD:
 
 * ``cells``: run the job's cells as the runner does (``runner.run_cells``), streaming

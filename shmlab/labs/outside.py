@@ -12,11 +12,12 @@ frames or ``gc.get_objects()``, ``ctypes`` writes into the check's memory. The f
 not the careful ones. On this path:
 
 * the runner is the **check process**: it marks itself not dumpable, then starts the
-  **learner's process** (``learner.main``), which enters a user namespace of its own, so it has
-  no capability over the check process: no ``ptrace``, no ``/proc/<pid>/mem`` or
+  **learner's process** (``learner.main``), which enters a user namespace of its own (where the
+  kernel allows one; else it says so in its output), so it has no capability over the check
+  process: no ``ptrace``, no ``/proc/<pid>/mem`` or
   ``/proc/<pid>/fd`` of it. The two share no writable fd but the pipe of requests and the
-  pipe of replies (the check's channel to pid 1 is not inherited); stdout is shared, but
-  what is printed is shown to the learner, never read as a verdict.
+  pipe of replies (the check's channel to pid 1 is not inherited); stdout and stderr are
+  shared, but what is printed is shown to the learner, never read as a verdict.
 * every cell runs in the learner's process; the check process runs only the set-up cells
   (the instructor's imports), then the test cell, in a namespace where each of the learner's
   names is plain data or a ``remote.Proxy`` (Note [Only plain data crosses], in ``wire``);
