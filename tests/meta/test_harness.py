@@ -462,6 +462,19 @@ def test_xdist_group_keeps_each_group_on_one_worker(pytester, monkeypatch):
     result.stdout.fnmatch_lines(["PASSED test_grouped.py::test_grouped[0-0]"])  # no @g0 suffix
 
 
+
+def test_the_cost_summary_says_when_each_worker_ended():
+    """support/cost.py: the worker that ended last, and by how much, in seconds from the first
+    test of the run; a worker that recorded no span is left out."""
+    from support.cost import worker_lines
+
+    spans = {"gw0": {"start": 1000.0, "end": 1700.0}, "gw1": {"start": 1001.0, "end": 1760.0}}
+    lines = worker_lines(spans, {"gw0": 690.0, "gw1": 755.5})
+    assert lines == [
+        "   gw0: tests from      0 s to    700 s (ends   60 s before the last), busy    690 s",
+        "   gw1: tests from      1 s to    760 s (ends    0 s before the last), busy    756 s"]
+    assert worker_lines({}, {}) == []
+
 # --- (b) a notebook carrying outputs is detected ---------------------------------------------
 
 

@@ -14,11 +14,15 @@ NOTEBOOKS = nbutil.find_notebooks() + nbutil.find_notebooks((nbutil.REPO / "note
 TRACKED = nbutil.tracked_notebooks()
 START_HERE = nbutil.REPO / "notebooks" / "00_start_here.ipynb"
 _executed: dict[Path, object] = {}  # path -> executed notebook, reused by content checks
+# The content check reads the headless run's outputs; under pytest-xdist it sees them only on
+# the worker that ran the notebook, so the two stay on one worker (else it runs 00 again).
+START_HERE_GROUP = pytest.mark.xdist_group("start-here")
 
 
 @pytest.mark.notebook
 @pytest.mark.timeout(nbutil.NOTEBOOK_TIMEOUT)
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=nbutil.rel)
+@pytest.mark.parametrize("path", [pytest.param(p, marks=START_HERE_GROUP) if p == START_HERE else p
+                                  for p in NOTEBOOKS], ids=nbutil.rel)
 def test_notebook_runs_headless(path):
     """Run all cells in a fresh python3 kernel; any exception (a hidden test cell too) fails.
 
@@ -68,6 +72,7 @@ def test_kernel_is_this_interpreter(tmp_path):
 
 @pytest.mark.notebook
 @pytest.mark.timeout(nbutil.NOTEBOOK_TIMEOUT)
+@START_HERE_GROUP
 def test_start_here_reports_every_check():
     nb = _executed.get(START_HERE) or nbutil.execute_notebook(START_HERE)
     text = nbutil.outputs_text(nb)
