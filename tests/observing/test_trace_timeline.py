@@ -69,7 +69,9 @@ def test_the_timeline_grows_while_the_trace_records_and_stops_when_it_ends():
            Ev(T0 + 0.002, 100, "syscall", "openat", segment="/torch_100_1_0"), label="main")
     tl = TraceTimeline(tr, hz=20)
     try:
-        wait_for(lambda: tl.seen == 3, 5, "the first three events drawn")
+        # seen is counted before the chart is drawn: wait for the drawing itself
+        wait_for(lambda: tl.seen == 3 and 'class="shmlab-trace-lane"' in tl.chart.value, 5,
+                 "the first three events drawn")
         chart = tl.chart.value
         assert chart.count('class="shmlab-trace-lane"') == 1 and ">main</text>" in chart
         assert chart.count("shmlab-trace-mark shmlab-trace-python") == 2
