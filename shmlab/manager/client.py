@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import select
 import selectors
 import socket
 import subprocess
@@ -93,8 +94,18 @@ CONNECT_TIMEOUT_S = 5.0  # how long a full listen queue may keep us waiting
 # not sent. The one a receiver does send, `join(name)`, need not wait either: it cannot be
 # overtaken (one connection's lines are served in order, an open connection alone holds off
 # the reclaim, and lines sent before we die are still served), so its "OK" is counted as
-# owed and skipped by the next request. Not waiting also spares the socket a switch to
-# non-blocking and back: it keeps one timeout, REPLY_TIMEOUT_S.
+# owed and skipped by the next request.
+
+# Note [Wait only when the socket says so]
+# A Python socket with a timeout polls before every send() and recv() (CPython's
+# sock_call_ex: a poll() system call, then the sendto() or recvfrom()), even when the line
+# fits in the buffer or the reply is already there, as it usually is: the manager answers
+# while the creator makes the segment. A fresh file_system share makes three such calls
+# (REGISTER out, "OK" in, later the FREE). torch's client writes and reads its fd directly.
+# So a ManagerClient's socket is non-blocking after connect(): it sends and reads at once,
+# and polls, up to REPLY_TIMEOUT_S as before, only when the kernel answers EAGAIN (a full
+# buffer: the manager is stalled; no reply yet). MSG_NOSIGNAL: a manager gone away is an
+# EPIPE, never a SIGPIPE, whatever the program did with that signal.
 
 
 def _gone(handle: bytes, why: object) -> ManagerError:
@@ -149,6 +160,14 @@ def _connect(handle: bytes) -> socket.socket:
             raise
 
 
+def _connect_nonblocking(handle: bytes) -> socket.socket:
+    """A ManagerClient's socket: connected and checked, then non-blocking for good (Note
+    [Wait only when the socket says so])."""
+    sock = _connect(handle)
+    sock.setblocking(False)
+    return sock
+
+
 class ManagerClient:
     """This process's connection to one manager; thread-safe (a Queue feeder thread pickles)."""
 
@@ -168,7 +187,7 @@ class ManagerClient:
         self._owed = 0  # replies to requests that timed out, still to come: skip them
         self._member = False  # this connection has sent REGISTER or FREE: the manager keeps us
         self._torn = False  # an exchange was cut (Ctrl-C): reconnect first (Note [A request ...])
-        self._sock: socket.socket | None = _connect(handle)
+        self._sock: socket.socket | None = _connect_nonblocking(handle)
 
     @property
     def closed(self) -> bool:
@@ -246,8 +265,7 @@ class ManagerClient:
             # and the manager keeps this process's segments until it exits (liveness.py).
             if self._sock is not None and not self._torn:
                 with contextlib.suppress(OSError):  # best effort: never block, never raise
-                    self._sock.setblocking(False)
-                    self._sock.send(b"BYE\n")
+                    self._sock.send(b"BYE\n", socket.MSG_NOSIGNAL)  # (non-blocking socket)
             self._close_locked()
 
     def _close_locked(self) -> None:
@@ -262,7 +280,7 @@ class ManagerClient:
             if self._sock is not None:
                 self._sock.close()  # no BYE: we have not left, so the manager keeps us
             self._sock, self._buf, self._owed, self._member = None, b"", 0, False
-            self._sock = _connect(self.handle)  # _gone if it is gone: stays torn, closed
+            self._sock = _connect_nonblocking(self.handle)  # _gone if gone: stays torn, closed
             self._torn = False
         if self._sock is None:
             raise ManagerError("this ManagerClient is closed (by close(), or after its "
@@ -324,24 +342,39 @@ class ManagerClient:
                 self._free_locked(self._deferred.pop(0))
 
     def _send_locked(self, data: bytes) -> None:
-        self._sock.sendall(data)  # under the socket's REPLY_TIMEOUT_S: a full buffer can't hang us
+        """Send all of `data`, waiting only while the socket's buffer is full (a stalled
+        manager), REPLY_TIMEOUT_S at most (see Note [Wait only when the socket says so])."""
+        view, deadline = memoryview(data), None
+        while view:
+            try:
+                view = view[self._sock.send(view, socket.MSG_NOSIGNAL):]
+            except BlockingIOError:
+                if deadline is None:
+                    deadline = time.monotonic() + REPLY_TIMEOUT_S
+                _wait(self._sock, select.POLLOUT, deadline, "could not send within")
 
     def _readline(self, deadline: float) -> str:
-        try:
-            while b"\n" not in self._buf:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise TimeoutError(f"no reply within {REPLY_TIMEOUT_S} s")
-                self._sock.settimeout(left)
+        while b"\n" not in self._buf:
+            try:
                 chunk = self._sock.recv(4096)
-                if not chunk:
-                    raise ConnectionResetError("the manager closed the connection")
-                self._buf += chunk
-        finally:
-            if self._sock is not None:
-                self._sock.settimeout(REPLY_TIMEOUT_S)  # what _send_locked counts on
+            except BlockingIOError:  # not there yet: wait for it (Note [Wait only when ...])
+                _wait(self._sock, select.POLLIN, deadline, "no reply within")
+                continue
+            if not chunk:
+                raise ConnectionResetError("the manager closed the connection")
+            self._buf += chunk
         line, _, self._buf = self._buf.partition(b"\n")
         return line.decode("ascii", "replace")
+
+
+def _wait(sock: socket.socket, event: int, deadline: float, what: str) -> None:
+    """Block until `sock` is ready for `event` (or hung up, which the next call reports), or
+    raise TimeoutError at `deadline`."""
+    left = deadline - time.monotonic()
+    poller = select.poll()
+    poller.register(sock, event)
+    if left <= 0 or not poller.poll(left * 1000):
+        raise TimeoutError(f"{what} {REPLY_TIMEOUT_S} s")
 
 
 # -- observers: watch() and peek_status() (extensions; torch has no events and no STATUS) ------
