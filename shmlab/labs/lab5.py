@@ -173,15 +173,23 @@ def _number(value) -> float:
         return float("nan")
 
 
+def _watched_call(fn, keys: set, shown: int):
+    """Run the learner's ``fn`` with the models it makes watched and the call timed; return
+    (data, accuracy, watch, result, facts): ``facts`` holds the result's repr (``shown``
+    characters), the wall time, the rows, and whether the result is a dict with ``keys``."""
+    _, data, _, accuracy = _setup(timed=True)
+    with _watching(fn) as watch:
+        start = time.perf_counter()
+        result = fn()
+        wall = time.perf_counter() - start
+    facts = {"result": repr(result)[:shown], "wall": wall, "rows": len(data.x_train),
+             "keys": isinstance(result, dict) and keys <= set(result)}
+    return data, accuracy, watch, result, facts
+
+
 def _baseline_facts(baseline) -> dict:
     """Exercise 2, run next to the learner's ``baseline``: what the check compares."""
-    _, data, _, accuracy = _setup(timed=True)
-    with _watching(baseline) as watch:
-        start = time.perf_counter()
-        result = baseline()
-        wall = time.perf_counter() - start
-    facts = {"result": repr(result)[:300], "wall": wall, "rows": len(data.x_train),
-             "keys": isinstance(result, dict) and {"seconds", "accuracy"} <= set(result)}
+    data, accuracy, watch, result, facts = _watched_call(baseline, {"seconds", "accuracy"}, 300)
     if not facts["keys"]:
         return facts
     here = [t for t in watch.made if t.here and not t.away]  # trained in this process
@@ -249,13 +257,7 @@ def check_measurement(measure):
 
 def _measurement_facts(measure) -> dict:
     """Exercise 3, run next to the learner's ``measure``: what the check compares."""
-    _, data, _, accuracy = _setup(timed=True)
-    with _watching(measure) as watch:
-        start = time.perf_counter()
-        result = measure()
-        wall = time.perf_counter() - start
-    facts = {"result": repr(result)[:400], "wall": wall, "rows": len(data.x_train),
-             "keys": isinstance(result, dict) and set(_MEASURED) <= set(result)}
+    data, accuracy, watch, result, facts = _watched_call(measure, set(_MEASURED), 400)
     if not facts["keys"]:
         return facts
     single = [t for t in watch.made if t.here and not t.away]  # trained in this process
