@@ -64,8 +64,9 @@ CONNECT_TIMEOUT_S = 5.0  # how long a full listen queue may keep us waiting
 
 # Note [A request Ctrl-C cannot split]
 # A KeyboardInterrupt is raised in the main thread at almost any point: between bytecodes
-# where the interpreter checks for signals (calls, loop back-edges), and inside a blocking call
-# such as sendall() or recv() that the signal interrupts. So it can cut a request anywhere:
+# where the interpreter checks for signals (calls, loop back-edges), and inside the one
+# blocking call, the poll() in _wait(), that the signal interrupts. So it can cut a request
+# anywhere:
 # half a line sent, a reply read but not counted, `_owed` one off. From
 # then on every answer would be taken for the wrong request. torch cannot be cut (its request
 # runs in C++, which holds off Python's signal handler until it returns). We cannot hold off
@@ -98,14 +99,18 @@ CONNECT_TIMEOUT_S = 5.0  # how long a full listen queue may keep us waiting
 
 # Note [Wait only when the socket says so]
 # A Python socket with a timeout polls before every send() and recv() (CPython's
-# sock_call_ex: a poll() system call, then the sendto() or recvfrom()), even when the line
-# fits in the buffer or the reply is already there, as it usually is: the manager answers
-# while the creator makes the segment. A fresh file_system share makes three such calls
-# (REGISTER out, "OK" in, later the FREE). torch's client writes and reads its fd directly.
-# So a ManagerClient's socket is non-blocking after connect(): it sends and reads at once,
-# and polls, up to REPLY_TIMEOUT_S as before, only when the kernel answers EAGAIN (a full
-# buffer: the manager is stalled; no reply yet). MSG_NOSIGNAL: a manager gone away is an
-# EPIPE, never a SIGPIPE, whatever the program did with that signal.
+# sock_call_ex: a poll(), then the send() or recv(); strace shows poll, then sendto or
+# recvfrom), even when the line fits in the buffer or the reply is already there, as it
+# often is: the manager answers while the creator makes the segment. A fresh file_system
+# share makes three such calls (REGISTER out, "OK" in, later the FREE), and the timeout
+# socket's settimeout() around the read added two ioctl()s. torch's client writes its
+# blocking fd at once (no timeout: a stalled manager can block it for ever) and polls up to
+# 1000 ms before each read of the "OK". So a ManagerClient's socket is non-blocking after
+# connect(): it sends and reads at once, and polls, up to REPLY_TIMEOUT_S as before, only
+# when the kernel answers EAGAIN (a full buffer: the manager is stalled; no reply yet, which
+# costs one recv() more than polling first). MSG_NOSIGNAL: a manager gone away is an EPIPE,
+# never a SIGPIPE. CPython ignores SIGPIPE at start-up, so this matters in a program that
+# puts back the default action (a command-line tool piped into `head`) or handles it.
 
 
 def _gone(handle: bytes, why: object) -> ManagerError:
@@ -220,7 +225,8 @@ class ManagerClient:
             if self._busy:  # a finalizer inside our own request, on this thread: see __init__
                 self._deferred.append(line)
                 return
-            self._free_locked(line)
+            with self._one_exchange():  # a finalizer run while this line waits in _wait()
+                self._free_locked(line)  # defers its own, instead of cutting in mid-line
 
     def _free_locked(self, line: bytes) -> None:
         try:
@@ -337,9 +343,9 @@ class ManagerClient:
         try:
             yield
         finally:
+            while self._busy == 1 and self._deferred:  # still busy: a finalizer run while
+                self._free_locked(self._deferred.pop(0))  # these are sent defers its line too
             self._busy -= 1
-            while not self._busy and self._deferred:
-                self._free_locked(self._deferred.pop(0))
 
     def _send_locked(self, data: bytes) -> None:
         """Send all of `data`, waiting only while the socket's buffer is full (a stalled

@@ -219,6 +219,40 @@ def test_a_free_from_a_finalizer_while_waiting_does_not_deadlock(fresh_client, s
     assert client.status()["segments"] == [new]  # the REGISTER's OK, then STATUS: in step
 
 
+@pytest.mark.timeout(30)
+def test_a_free_from_a_finalizer_while_a_free_waits_for_room_waits_its_turn(
+        fresh_client, segment, monkeypatch):
+    # A FREE meets a full socket buffer (the manager is stopped) and waits in _wait(). A GC
+    # pass there can run a storage's finalizer: its FREE must not cut in (a reconnect would
+    # send the rest of a half-sent line on the new connection, out of step for good); it is
+    # deferred and sent after, on the same connection.
+    client = mc.get_client()
+    names = [segment(), segment()]
+    for name in names:
+        client.register(name)
+        os.unlink(f"/dev/shm/{name}")  # their last holder unlinked them: the FREEs are real
+    pid, sock, wait, seen = client.status()["pid"], client._sock, mc._wait, []
+
+    def wait_with_a_finalizer(s, event, deadline, what):
+        if not seen:
+            client.free(names[1])  # what a storage's finalizer does
+            seen[:] = [client._sock is sock, list(client._deferred)]
+            os.kill(pid, signal.SIGCONT)
+        return wait(s, event, deadline, what)
+
+    monkeypatch.setattr(mc, "_wait", wait_with_a_finalizer)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        while not seen:  # the stopped manager reads nothing: the kernel soon says EAGAIN
+            client.free(names[0])
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    monkeypatch.undo()
+    assert seen == [True, [f"FREE {os.getpid()} {names[1]}\n".encode()]]
+    assert client._sock is sock and not client._deferred
+    assert client.status()["segments"] == []  # in step, and both FREEs arrived
+
+
 @pytest.mark.timeout(20)
 def test_a_free_from_a_finalizer_while_a_reply_is_read_waits_for_the_request(
         fresh_client, segment, monkeypatch):
