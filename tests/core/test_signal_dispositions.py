@@ -18,9 +18,17 @@ CHILD = ("import re; print(re.search(r'SigIgn:\\s*(\\w+)', "
          "open('/proc/self/status').read()).group(1))")
 
 
+# Ignored dispositions are inherited, so the launcher starts from the defaults a terminal
+# gives it, whatever this test run was started under (`nohup make test` ignores SIGHUP).
+CLEAN = ("import os, signal, sys\n"
+         "for s in (signal.SIGHUP, signal.SIGINT, signal.SIGQUIT):\n"
+         "    signal.signal(s, signal.SIG_DFL)\n"
+         "os.execvp(sys.argv[1], sys.argv[1:])")
+
+
 def ignored(argv) -> set[str]:
-    out = subprocess.run(argv, capture_output=True, text=True, timeout=60,
-                         stdin=subprocess.DEVNULL)
+    out = subprocess.run([sys.executable, "-c", CLEAN, *argv], capture_output=True, text=True,
+                         timeout=60, stdin=subprocess.DEVNULL)
     assert out.returncode == 0, out.stderr
     mask = int(out.stdout.split()[-1], 16)
     return {s.name for s in (signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
